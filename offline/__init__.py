@@ -1,0 +1,1 @@
+"""Offline side of seqrec: datasets, splits, metrics, evaluation and the `seqrec` CLI."""

@@ -1,0 +1,177 @@
+"""The `seqrec` command line.
+
+Every subcommand has --help. Mistakes the user can fix (missing files, unknown columns,
+malformed lines) print one line naming the file and line and exit non-zero; a traceback
+appears only with --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from offline.errors import SeqrecError
+
+log = logging.getLogger("seqrec")
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show full tracebacks and debug logs")
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="only warnings and errors on stderr")
+    return common
+
+
+def _add_prepare(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from offline.datasets import READERS
+
+    p = sub.add_parser(
+        "prepare", parents=[common], help="read a dataset and write the prepared folder",
+        description="Read a dataset, sort each user's interactions by time (stable: equal timestamps keep "
+        "the file's order), filter, map ids and write DIR/{manifest.json,sequences.parquet,items.parquet}.",
+    )
+    p.add_argument("--dataset", required=True, choices=sorted(READERS), help="dataset format")
+    p.add_argument("--path", type=Path, help="file or folder with the source files")
+    p.add_argument("--out", type=Path, required=True, help="prepared folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--download", action="store_true",
+                   help="MovieLens only: fetch the official GroupLens zip and verify its MD5")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="where downloads go (default $SEQREC_CACHE or ~/.cache/seqrec)")
+    f = p.add_argument_group("filters")
+    f.add_argument("--min-user-interactions", type=int, default=3, help="drop users with fewer (>= 3)")
+    f.add_argument("--k-core", type=int, default=None, help="iteratively keep users and items with >= K")
+    f.add_argument("--min-rating", type=float, default=None, help="drop interactions rated below this")
+    t = p.add_argument_group("csv / parquet columns")
+    t.add_argument("--user-col", default="user_id")
+    t.add_argument("--item-col", default="item_id")
+    t.add_argument("--time-col", default="timestamp", help="'' when the file has no clock (row order = time)")
+    t.add_argument("--sep", default=",", help="field separator of CSV files (use '\\t' for TSV)")
+    t.add_argument("--items-path", type=Path, default=None, help="optional item metadata file")
+    s = p.add_argument_group("synthetic")
+    s.add_argument("--n-users", type=int)
+    s.add_argument("--n-items", type=int)
+    s.add_argument("--mean-length", type=float)
+    s.add_argument("--seed", type=int)
+    p.set_defaults(handler=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from offline.datasets import MOVIELENS, ReaderOptions, read_dataset
+    from offline.prepare import Filters, prepare
+
+    filters = Filters(args.min_user_interactions, args.k_core, args.min_rating)
+    path = args.path
+    if args.download:
+        if args.dataset not in MOVIELENS:
+            raise SeqrecError(f"--download works for {', '.join(MOVIELENS)}, not {args.dataset}")
+        from offline.datasets.download import download_movielens
+
+        cache = args.cache_dir or Path(os.environ.get("SEQREC_CACHE", Path.home() / ".cache" / "seqrec"))
+        path = download_movielens(args.dataset, cache)
+    synthetic = {
+        name: getattr(args, name)
+        for name in ("n_users", "n_items", "mean_length", "seed")
+        if getattr(args, name) is not None
+    }
+    if synthetic and args.dataset != "synthetic":
+        raise SeqrecError("--n-users/--n-items/--mean-length/--seed apply to --dataset synthetic only")
+    options = ReaderOptions(
+        path=path, user_col=args.user_col, item_col=args.item_col, time_col=args.time_col or None,
+        sep=args.sep.encode().decode("unicode_escape"), items_path=args.items_path, synthetic=synthetic,
+    )
+    log.info("reading %s from %s", args.dataset, path or "built-in generator")
+    raw = read_dataset(args.dataset, options)
+    extra = {"dataset": args.dataset, "synthetic_config": synthetic} if args.dataset == "synthetic" else None
+    manifest = prepare(raw, args.out, filters, overwrite=args.overwrite, extra=extra)
+    print(
+        f"prepared {manifest['source']}: {manifest['users']:,} users, {manifest['items']:,} items, "
+        f"{manifest['interactions']:,} interactions -> {args.out}"
+    )
+    return 0
+
+
+def _add_evaluate(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "evaluate", parents=[common], help="full-ranking evaluation on the leave-one-out split",
+        description="Rank each user's validation and test target against every item (history excluded, "
+        "ties counted against the target) and print JSON with 'valid' and 'test' metrics.",
+    )
+    p.add_argument("--model", required=True, choices=["popularity"], help="what to evaluate")
+    p.add_argument("--data", type=Path, required=True, help="prepared folder (from `seqrec prepare`)")
+    p.add_argument("--ks", default="1,5,10,20,50", help="cut-offs, comma separated")
+    p.add_argument("--batch-size", type=int, default=None, help="users per batch (default: by memory)")
+    p.set_defaults(handler=_run_evaluate)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from offline.datasets.prepared import load_prepared
+    from offline.evaluate import evaluate_splits
+    from retriever.popularity import Popularity
+
+    ks = _parse_ks(args.ks)
+    data = load_prepared(args.data)
+    split = data.split()
+    model = Popularity.fit(split.train.items, data.n_items)
+    metrics = evaluate_splits(model.score, split, data.n_items, ks=ks, batch_size=args.batch_size)
+    result = {"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items, **metrics}
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _parse_ks(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise SeqrecError(f"--ks must be comma-separated integers, got {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise SeqrecError("--ks values must be >= 1")
+    return ks
+
+
+COMMANDS = (_add_prepare, _add_evaluate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="seqrec", parents=[common],
+        description="seqrec: a two-stage sequential recommender (prepare data, train, evaluate, serve).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    debug = getattr(args, "debug", False)
+    level = logging.DEBUG if debug else logging.WARNING if getattr(args, "quiet", False) else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("seqrec: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if debug:
+            raise
+        kind = "error" if isinstance(err, SeqrecError) else f"internal error ({type(err).__name__})"
+        hint = "" if isinstance(err, SeqrecError) else " (rerun with --debug for the traceback)"
+        print(f"seqrec: {kind}: {err}{hint}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

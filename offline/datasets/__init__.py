@@ -1,0 +1,89 @@
+"""Dataset readers. Each returns a RawDataset; `seqrec prepare` turns it into the
+prepared folder that everything downstream reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from offline.datasets.base import RawDataset
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    """What a reader may need beyond a path; each reader uses its own fields."""
+
+    path: Path | None = None
+    user_col: str = "user_id"
+    item_col: str = "item_id"
+    time_col: str | None = "timestamp"
+    sep: str = ","
+    items_path: Path | None = None
+    synthetic: dict[str, Any] | None = None
+
+
+def _movielens(variant: str) -> Callable[[ReaderOptions], RawDataset]:
+    def read(options: ReaderOptions) -> RawDataset:
+        from offline.datasets.movielens import read_movielens
+
+        return read_movielens(_required_path(options), variant)
+
+    return read
+
+
+def _s3rec(options: ReaderOptions) -> RawDataset:
+    from offline.datasets.s3rec import read_s3rec
+
+    return read_s3rec(_required_path(options))
+
+
+def _recbole(options: ReaderOptions) -> RawDataset:
+    from offline.datasets.recbole import read_recbole
+
+    return read_recbole(_required_path(options))
+
+
+def _tabular(options: ReaderOptions) -> RawDataset:
+    from offline.datasets.tabular import read_tabular
+
+    return read_tabular(
+        _required_path(options), user_col=options.user_col, item_col=options.item_col,
+        time_col=options.time_col, sep=options.sep, items_path=options.items_path,
+    )
+
+
+def _synthetic(options: ReaderOptions) -> RawDataset:
+    from offline.datasets.synthetic import SyntheticConfig, generate
+
+    return generate(SyntheticConfig(**(options.synthetic or {})))
+
+
+def _required_path(options: ReaderOptions) -> Path:
+    if options.path is None:
+        from offline.errors import SeqrecError
+
+        raise SeqrecError("this dataset needs --path (or --download for MovieLens)")
+    return options.path
+
+
+READERS: dict[str, Callable[[ReaderOptions], RawDataset]] = {
+    "ml-100k": _movielens("ml-100k"),
+    "ml-1m": _movielens("ml-1m"),
+    "ml-10m": _movielens("ml-10m"),
+    "ml-20m": _movielens("ml-20m"),
+    "s3rec": _s3rec,
+    "recbole": _recbole,
+    "csv": _tabular,
+    "synthetic": _synthetic,
+}
+MOVIELENS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m")
+
+
+def read_dataset(name: str, options: ReaderOptions) -> RawDataset:
+    try:
+        reader = READERS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(READERS)}") from None
+    return reader(options)

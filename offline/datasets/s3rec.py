@@ -1,0 +1,98 @@
+"""S3-Rec / SASRec line format: ``user item item ...`` per line, items in time order.
+
+Used by the Amazon datasets of S3-Rec, ICLRec and SASRec (e.g. ``Beauty.txt``), with an
+optional ``<Name>_item2attributes.json`` mapping item id -> list of attribute ids.
+The files carry no clock, so each interaction's timestamp is its position in the line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from offline.datasets.base import RawDataset, natural_key
+from offline.datasets.textio import read_bytes
+from offline.errors import DataError
+
+
+def find_s3rec_files(path: str | Path) -> tuple[Path, Path | None]:
+    """The sequences file and its attributes file (None if absent) for a file or folder."""
+    path = Path(path)
+    if path.is_dir():
+        candidates = sorted(p for p in path.glob("*.txt") if not p.stem.endswith("_user_item"))
+        if len(candidates) != 1:
+            names = ", ".join(p.name for p in candidates) or "none"
+            raise DataError(path, f"expected one '<Name>.txt' sequences file, found {names}; pass the file itself")
+        path = candidates[0]
+    attributes = path.with_name(f"{path.stem}_item2attributes.json")
+    return path, attributes if attributes.is_file() else None
+
+
+def read_s3rec(path: str | Path) -> RawDataset:
+    """Read ``<Name>.txt`` (a file, or a folder holding one) and its attributes if present."""
+    sequences_path, attributes_path = find_s3rec_files(path)
+    users, items, positions = _read_lines(sequences_path)
+    interactions = pa.table(
+        {
+            "user_id": pa.array(users, pa.string()),
+            "item_id": pa.array(items, pa.string()),
+            "timestamp": pa.array(positions, pa.int64()),
+        }
+    )
+    files = [sequences_path]
+    item_table = None
+    if attributes_path is not None:
+        item_table = _read_attributes(attributes_path, sorted(set(items), key=natural_key))
+        files.append(attributes_path)
+    return RawDataset(
+        source="s3rec", interactions=interactions, items=item_table, has_timestamps=False, files=files
+    )
+
+
+def _read_lines(path: Path) -> tuple[list[str], list[str], np.ndarray]:
+    users: list[str] = []
+    items: list[str] = []
+    lengths: list[int] = []
+    first_line: dict[str, int] = {}
+    for number, raw in enumerate(read_bytes(path).split(b"\n"), start=1):
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            fields = raw.decode("utf-8").split()
+        except UnicodeDecodeError as err:
+            raise DataError(path, f"not valid utf-8 text (byte {err.start} of the line)", line=number) from None
+        if len(fields) < 2:
+            raise DataError(path, "expected 'user item [item ...]', found a user with no items", line=number)
+        user = fields[0]
+        if user in first_line:
+            raise DataError(path, f"user {user!r} appears again (first on line {first_line[user]})", line=number)
+        first_line[user] = number
+        users.extend([user] * (len(fields) - 1))
+        items.extend(fields[1:])
+        lengths.append(len(fields) - 1)
+    starts = np.repeat(np.cumsum([0, *lengths[:-1]]), lengths)
+    positions = np.arange(len(items), dtype=np.int64) - starts
+    return users, items, positions
+
+
+def _read_attributes(path: Path, item_ids: list[str]) -> pa.Table:
+    try:
+        mapping = json.loads(read_bytes(path))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        line = getattr(err, "lineno", None)
+        raise DataError(path, f"not valid JSON: {err}", line=line) from None
+    if not isinstance(mapping, dict):
+        raise DataError(path, "expected a JSON object mapping item id -> list of attribute ids")
+    attributes = []
+    for item in item_ids:
+        values = mapping.get(item, [])
+        if not isinstance(values, list):
+            raise DataError(path, f"item {item!r}: expected a list of attribute ids, found {type(values).__name__}")
+        attributes.append([str(v) for v in values])
+    return pa.table(
+        {"item_id": pa.array(item_ids, pa.string()), "attributes": pa.array(attributes, pa.list_(pa.string()))}
+    )

@@ -1,0 +1,20 @@
+"""Errors that the CLI turns into one-line messages (a traceback only with --debug)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class SeqrecError(Exception):
+    """A problem the user can fix: bad input, a missing file, a wrong flag."""
+
+
+class DataError(SeqrecError):
+    """Input data that cannot be read; names the file and, where known, the line."""
+
+    def __init__(self, path: str | Path, message: str, line: int | None = None) -> None:
+        self.path = str(path)
+        self.line = line
+        self.reason = message
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")

@@ -1,0 +1,78 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from offline.cli import build_parser, main
+
+
+def subcommands() -> list[str]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return sorted(action.choices)
+
+
+@pytest.mark.parametrize("command", [[], *[[c] for c in subcommands()]])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    assert info.value.code == 0
+    assert "usage: seqrec" in capsys.readouterr().out
+
+
+def test_prepare_then_evaluate_popularity(write, tmp_path, capsys):
+    log = "user_id,item_id,timestamp\n" + "".join(
+        f"u{u},{item},{t}\n" for u in range(6) for t, item in enumerate(["a", "b", "c", "a", "d"][: 3 + u % 3])
+    )
+    out = tmp_path / "prepared"
+    assert main(["prepare", "--dataset", "csv", "--path", str(write("log.csv", log)), "--out", str(out)]) == 0
+    assert "6 users, 4 items" in capsys.readouterr().out
+    assert main(["evaluate", "--model", "popularity", "--data", str(out), "--ks", "1,2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) >= {"valid", "test"}
+    assert set(result["test"]) == {f"{m}@{k}" for m in ("HR", "NDCG", "MRR", "Recall") for k in (1, 2)}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "offline.cli", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_missing_file_is_one_line_without_traceback(tmp_path):
+    missing = str(tmp_path / "nope.txt")
+    result = run_cli("prepare", "--dataset", "s3rec", "--path", missing, "--out", str(tmp_path / "o"))
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("seqrec: error: ")
+    assert "nope.txt" in result.stderr
+
+
+def test_malformed_line_names_file_and_line(write, tmp_path):
+    path = write("log.csv", "user_id,item_id,timestamp\n1,a,1\n1,b\n")
+    result = run_cli("-q", "prepare", "--dataset", "csv", "--path", str(path), "--out", str(tmp_path / "o"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"seqrec: error: {path}:3: expected 3 fields separated by ',', found 2"
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_column_and_debug_traceback(write, tmp_path):
+    path = write("log.csv", "user,item,ts\n1,a,1\n")
+    args = ["prepare", "--dataset", "csv", "--path", str(path), "--out", str(tmp_path / "o")]
+    result = run_cli(*args)
+    assert "no column 'user_id' (columns: user, item, ts)" in result.stderr
+    assert "Traceback" not in result.stderr
+    debug = run_cli(*args, "--debug")
+    assert debug.returncode != 0
+    assert "Traceback" in debug.stderr
+
+
+def test_bad_flag_values(tmp_path, capsys):
+    assert main(["evaluate", "--model", "popularity", "--data", str(tmp_path / "none")]) == 1
+    assert "no such prepared dataset folder" in capsys.readouterr().err
+    synthetic = ["prepare", "--dataset", "synthetic", "--out", str(tmp_path / "o")]
+    assert main([*synthetic, "--min-user-interactions", "1"]) == 1
+    assert ">= 3" in capsys.readouterr().err
+    assert main(["prepare", "--dataset", "s3rec", "--download", "--out", str(tmp_path / "o")]) == 1
+    assert "--download works for" in capsys.readouterr().err

@@ -1,0 +1,112 @@
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from offline.datasets.prepared import load_prepared
+from offline.datasets.tabular import read_tabular
+from offline.errors import DataError, SeqrecError
+from offline.prepare import Filters, prepare
+
+# Rows out of time order, with ties inside users u1 and u2. On a tie the file order
+# must win: u1's items at t=10 come as c, a (never sorted by id to a, c).
+LOG = """user,item,ts
+u2,x,5
+u1,c,10
+u1,b,3
+u1,a,10
+u2,y,5
+u2,z,1
+u1,d,20
+u3,a,1
+u3,b,2
+"""
+
+
+def _prepare(write, tmp_path, text=LOG, filters=None, **kwargs):
+    raw = read_tabular(write("log.csv", text), user_col="user", item_col="item", time_col="ts")
+    return prepare(raw, tmp_path / "prepared", filters, **kwargs)
+
+
+def test_stable_sort_keeps_file_order_on_ties(write, tmp_path):
+    _prepare(write, tmp_path)
+    seqs = pq.read_table(tmp_path / "prepared" / "sequences.parquet").to_pylist()
+    by_user = {row["user_id"]: row["items"] for row in seqs}
+    # u3 has 2 interactions and is dropped by the default minimum of 3.
+    assert by_user == {"u1": ["b", "c", "a", "d"], "u2": ["z", "x", "y"]}
+    times = {row["user_id"]: row["timestamps"] for row in seqs}
+    assert times["u1"] == [3, 10, 10, 20]
+
+
+def test_default_filter_drops_users_below_three_and_manifest_counts(write, tmp_path):
+    manifest = _prepare(write, tmp_path)
+    assert (manifest["users"], manifest["items"], manifest["interactions"]) == (2, 7, 7)
+    assert manifest["filters"] == {"min_user_interactions": 3, "k_core": None, "min_rating": None}
+    on_disk = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
+    assert set(on_disk["sha256"]) == {"sequences.parquet", "items.parquet"}
+    assert on_disk["source"] == "csv"
+    assert on_disk["source_files"].keys() == {"log.csv"}
+
+
+def test_internal_ids_are_contiguous_with_zero_for_padding(write, tmp_path):
+    _prepare(write, tmp_path)
+    data = load_prepared(tmp_path / "prepared")
+    assert list(data.item_ids) == ["", "a", "b", "c", "d", "x", "y", "z"]
+    assert data.n_items == 7
+    assert data.sequences.to_lists() == [[2, 3, 1, 4], [7, 5, 6]]
+    assert list(data.user_ids) == ["u1", "u2"]
+    assert data.sequences.timestamps.tolist() == [3, 10, 10, 20, 1, 5, 5]
+
+
+def test_numeric_ids_sort_numerically(write, tmp_path):
+    text = "user,item,ts\n10,2,1\n10,10,2\n10,1,3\n9,2,1\n9,1,2\n9,3,3\n"
+    _prepare(write, tmp_path, text)
+    data = load_prepared(tmp_path / "prepared")
+    assert list(data.item_ids) == ["", "1", "2", "3", "10"]
+    assert list(data.user_ids) == ["9", "10"]
+
+
+def test_k_core_is_iterative(write, tmp_path):
+    # k = 3: item "rare" occurs once and goes; that leaves u3 with 2 interactions, so u3
+    # goes in the next round, which leaves item "d" (u3, u4, u5) with 2, below 3, so "d"
+    # goes and u4, u5 fall to 2 interactions and go too.
+    users = {"u1": "abc", "u2": "abc", "u6": "abc", "u3": ["d", "c", "rare"], "u4": "dab", "u5": "dab"}
+    text = "user,item,ts\n" + "".join(f"{u},{i},{t}\n" for u, items in users.items() for t, i in enumerate(items))
+    manifest = _prepare(write, tmp_path, text, Filters(min_user_interactions=3, k_core=3))
+    data = load_prepared(tmp_path / "prepared")
+    assert list(data.item_ids) == ["", "a", "b", "c"]
+    assert list(data.user_ids) == ["u1", "u2", "u6"]
+    assert manifest["interactions"] == 9
+
+
+def test_tampered_file_is_refused(write, tmp_path):
+    _prepare(write, tmp_path)
+    items = tmp_path / "prepared" / "items.parquet"
+    items.write_bytes(items.read_bytes() + b"x")
+    with pytest.raises(DataError, match="checksum"):
+        load_prepared(tmp_path / "prepared")
+
+
+def test_existing_output_needs_overwrite_and_is_replaced_whole(write, tmp_path):
+    _prepare(write, tmp_path)
+    with pytest.raises(SeqrecError, match="--overwrite"):
+        _prepare(write, tmp_path)
+    (tmp_path / "prepared" / "stale.txt").write_text("old")
+    _prepare(write, tmp_path, overwrite=True)
+    assert not (tmp_path / "prepared" / "stale.txt").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_min_user_interactions_below_three_is_refused():
+    with pytest.raises(SeqrecError, match=">= 3"):
+        Filters(min_user_interactions=2)
+
+
+def test_metadata_is_joined_in_item_order(write, tmp_path):
+    items = write("items.csv", 'item,title,genres\nz,"Zed, the film",Drama|War\na,Alpha,Comedy\n')
+    raw = read_tabular(write("log.csv", LOG), user_col="user", item_col="item", time_col="ts", items_path=items)
+    prepare(raw, tmp_path / "p")
+    rows = pq.read_table(tmp_path / "p" / "items.parquet").to_pylist()
+    assert rows[0] == {"item_idx": 1, "item_id": "a", "title": "Alpha", "genres": ["Comedy"]}
+    assert rows[-1] == {"item_idx": 7, "item_id": "z", "title": "Zed, the film", "genres": ["Drama", "War"]}
+    assert rows[1]["title"] is None  # b has no metadata
