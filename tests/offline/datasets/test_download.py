@@ -160,3 +160,20 @@ def test_not_a_zip(server: Server, tmp_path: Path) -> None:
     md5 = hashlib.md5(body).hexdigest()
     with pytest.raises(DataError, match="not a valid zip archive"):
         download_movielens("ml-100k", tmp_path, base_url=server.base_url, md5=md5, progress=False)
+
+
+def test_cli_download_enforces_the_official_md5(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from offline.cli import main
+
+    server.files["/mirror/ml-100k.zip"] = ML100K_ZIP  # not GroupLens' archive, so its MD5 differs
+    monkeypatch.setenv(URL_ENV, server.base_url)
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    args = ["prepare", "--dataset", "ml-100k", "--download", "--cache-dir", str(cache), "--out", str(out)]
+    assert main(args) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"seqrec: error: {server.base_url}/ml-100k.zip: MD5 mismatch")
+    assert server.requests == ["/mirror/ml-100k.zip"]
+    assert list(cache.iterdir()) == []
+    assert not out.exists()
