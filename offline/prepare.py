@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from offline.datasets.base import RawDataset, natural_key
 from offline.datasets.prepared import FORMAT, ITEMS, MANIFEST, SEQUENCES, USERS, sha256_file
-from offline.errors import DataError, SeqrecError
+from offline.errors import SeqrecError
 from offline.split import MIN_LENGTH
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def _tables(data: Encoded, raw: RawDataset) -> tuple[pa.Table, pa.Table, pa.Tabl
     item_codes = item_codes[np.argsort(_rank_by_natural_key(data.item_names[item_codes]))]
     item_ids = data.item_names[item_codes]
     offsets = np.append(user_starts, len(data.users)).astype(np.int32 if len(data.users) < 2**31 else np.int64)
-    flat_items = pa.array(data.item_names[data.items], pa.string())
+    flat_items = pa.array(data.item_names, pa.string()).take(pa.array(data.items))  # no per-row Python objects
     items_lists = _lists(offsets, flat_items)
     user_ids = pa.array(data.user_names[user_codes], pa.string())
     sequences = pa.table(
@@ -166,11 +166,11 @@ def _tables(data: Encoded, raw: RawDataset) -> tuple[pa.Table, pa.Table, pa.Tabl
     items = _with_metadata(
         pa.table({"item_idx": pa.array(np.arange(1, len(item_ids) + 1, dtype=np.int64)),
                   "item_id": pa.array(item_ids, pa.string())}),
-        raw.items, "item_id", raw.files,
+        raw.items, "item_id", raw.source,
     )
     users = None
     if raw.users is not None:
-        users = _with_metadata(sequences.select(["user_idx", "user_id"]), raw.users, "user_id", raw.files)
+        users = _with_metadata(sequences.select(["user_idx", "user_id"]), raw.users, "user_id", raw.source)
     return sequences, items, users
 
 
@@ -179,13 +179,15 @@ def _lists(offsets: np.ndarray, values: pa.Array) -> pa.Array:
     return array_type.from_arrays(pa.array(offsets), values)
 
 
-def _with_metadata(keys: pa.Table, metadata: pa.Table | None, key: str, files: list[Path]) -> pa.Table:
+def _with_metadata(keys: pa.Table, metadata: pa.Table | None, key: str, source: str) -> pa.Table:
     if metadata is None:
         return keys
     meta_keys = metadata.column(key).cast(pa.string())
-    if pc.count_distinct(meta_keys).as_py() != len(meta_keys):
-        where = files[-1] if files else "metadata"
-        raise DataError(where, f"the metadata lists some {key} more than once")
+    counts = pc.value_counts(meta_keys)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        first = repeated[0]["values"].as_py()
+        raise SeqrecError(f"the {source} metadata lists {key} {first!r} more than once ({len(repeated)} such ids)")
     rows = pc.index_in(keys.column(key), value_set=meta_keys)
     joined = metadata.drop_columns([key]).take(rows)
     for name in joined.column_names:

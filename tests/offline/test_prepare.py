@@ -110,3 +110,11 @@ def test_metadata_is_joined_in_item_order(write, tmp_path):
     assert rows[0] == {"item_idx": 1, "item_id": "a", "title": "Alpha", "genres": ["Comedy"]}
     assert rows[-1] == {"item_idx": 7, "item_id": "z", "title": "Zed, the film", "genres": ["Drama", "War"]}
     assert rows[1]["title"] is None  # b has no metadata
+
+
+def test_duplicate_metadata_ids_are_refused(write, tmp_path):
+    items = write("items.csv", "item,title\na,Alpha\nb,Beta\na,Again\n")
+    raw = read_tabular(write("log.csv", LOG), user_col="user", item_col="item", time_col="ts", items_path=items)
+    with pytest.raises(SeqrecError, match="item_id 'a' more than once"):
+        prepare(raw, tmp_path / "p")
+    assert not (tmp_path / "p").exists()
