@@ -47,6 +47,15 @@ class RawDataset:
                 raise ValueError(f"metadata table lacks its key column {key!r}")
 
 
+def int_if_integral(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Numbers as int64 when every value is a whole number, else unchanged (a safe cast
+    refuses fractions, NaN, infinities and overflow)."""
+    try:
+        return values.cast(pa.int64())
+    except pa.ArrowInvalid:
+        return values
+
+
 def natural_key(value: str) -> tuple[int, int, str]:
     """Sort key putting numeric ids in numeric order ("2" < "10"), then other ids."""
     return (0, int(value), "") if value.isdigit() else (1, 0, value)

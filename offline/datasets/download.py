@@ -103,11 +103,8 @@ def _download(url: str, out: BinaryIO, progress: bool) -> str:
 
 
 def _file_md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
     with path.open("rb") as f:
-        while chunk := f.read(_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
 
 
 def _unpack(archive: Path, target: Path) -> None:

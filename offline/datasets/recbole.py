@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from offline.datasets.base import ITEM, TIME, USER, RawDataset
+from offline.datasets.base import ITEM, TIME, USER, RawDataset, int_if_integral
 from offline.datasets.textio import header_fields, read_delimited
 from offline.errors import DataError
 
@@ -89,18 +89,11 @@ def _read_interactions(path: Path) -> tuple[pa.Table, bool]:
     table = read_delimited(path, sep="\t", header=True, types=numeric, columns=[fields[n][0] for n in wanted])
     table = table.rename_columns(wanted)
     if TIME in fields:
-        table = table.set_column(wanted.index(TIME), TIME, _int_if_integral(table[TIME]))
+        table = table.set_column(wanted.index(TIME), TIME, int_if_integral(table[TIME]))
     else:
         positions = pa.array(np.arange(table.num_rows, dtype=np.int64))
         table = table.add_column(2, TIME, positions)
     return table, TIME in fields
-
-
-def _int_if_integral(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    try:
-        return column.cast(pa.int64())  # a safe cast: refuses fractions, NaN and overflow
-    except pa.ArrowInvalid:
-        return column
 
 
 def _read_metadata(path: Path, key: str, known: dict[str, tuple[str, Converter]]) -> pa.Table:

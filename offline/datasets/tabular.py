@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from offline.datasets.base import RawDataset
+from offline.datasets.base import RawDataset, int_if_integral
 from offline.datasets.textio import read_delimited
 from offline.errors import DataError
 
@@ -90,34 +90,31 @@ def _as_clock(values: pa.Array, path: Path, column: str) -> pa.Array:
     if pa.types.is_integer(values.type):
         return values.cast(pa.int64())
     if pa.types.is_floating(values.type):
-        floats = values.to_numpy(zero_copy_only=False)
-        if not np.isfinite(floats).all():
+        if not np.isfinite(values.to_numpy(zero_copy_only=False)).all():
             raise DataError(path, f"column {column!r} holds non-finite timestamps")
-        return pa.array(floats.astype(np.int64)) if np.array_equal(floats, np.floor(floats)) else values
+        return int_if_integral(values)
     raise DataError(path, f"column {column!r} has type {values.type}, not a number or a date")
 
 
+_TIME_TYPES = (pa.int64(), pa.float64(), pa.timestamp("us"))
+
+
 def _parse_time_strings(values: pa.Array, path: Path, column: str) -> pa.Array:
-    for target in (pa.int64(), pa.float64(), pa.timestamp("us")):
+    parsed = _cast_to_time(values)
+    if parsed is not None:
+        return parsed
+    bad = next(v for v in values.to_pylist() if _cast_to_time(pa.array([v])) is None)
+    raise DataError(path, f"column {column!r}: {bad!r} is neither a number nor an ISO date")
+
+
+def _cast_to_time(values: pa.Array) -> pa.Array | None:
+    """The first of int, float, timestamp that every value casts to; None if none does."""
+    for target in _TIME_TYPES:
         try:
             return values.cast(target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             continue
-    bad = next(v for v in values.to_pylist() if not _is_time_text(v))
-    raise DataError(path, f"column {column!r}: {bad!r} is neither a number nor an ISO date")
-
-
-def _is_time_text(value: str) -> bool:
-    try:
-        pa.array([value]).cast(pa.float64())
-        return True
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
-    try:
-        pa.array([value]).cast(pa.timestamp("us"))
-        return True
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return False
+    return None
 
 
 def _read_items(path: Path, item_col: str, sep: str) -> pa.Table:
