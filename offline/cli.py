@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from offline.errors import SeqrecError
+from retriever.errors import RetrieverError
 
 log = logging.getLogger("seqrec")
 
@@ -104,27 +105,108 @@ def _add_evaluate(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
     p = sub.add_parser(
         "evaluate", parents=[common], help="full-ranking evaluation on the leave-one-out split",
         description="Rank each user's validation and test target against every item (history excluded, "
-        "ties counted against the target) and print JSON with 'valid' and 'test' metrics.",
+        "ties counted against the target) and print JSON with 'valid' and 'test' metrics. With --artifact, "
+        "'index' holds the same metrics computed from the artifact's FAISS index, as the service retrieves.",
     )
-    p.add_argument("--model", required=True, choices=["popularity"], help="what to evaluate")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", choices=["popularity"], help="a baseline fitted on the training positions")
+    what.add_argument("--artifact", type=Path, help="a retriever artifact (from `seqrec train`)")
     p.add_argument("--data", type=Path, required=True, help="prepared folder (from `seqrec prepare`)")
     p.add_argument("--ks", default="1,5,10,20,50", help="cut-offs, comma separated")
     p.add_argument("--batch-size", type=int, default=None, help="users per batch (default: by memory)")
+    p.add_argument("--no-index", action="store_true", help="skip the FAISS-index evaluation")
     p.set_defaults(handler=_run_evaluate)
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     from offline.datasets.prepared import load_prepared
     from offline.evaluate import evaluate_splits
-    from retriever.popularity import Popularity
 
     ks = _parse_ks(args.ks)
     data = load_prepared(args.data)
+    if args.artifact is not None:
+        from offline.training import evaluate_artifact
+
+        result = evaluate_artifact(args.artifact, data, ks=ks, use_index=not args.no_index,
+                                   batch_size=args.batch_size)
+        print(json.dumps({"data": str(args.data), **result}, indent=2))
+        return 0
+    from retriever.popularity import Popularity
+
     split = data.split()
     model = Popularity.fit(split.train.items, data.n_items)
     metrics = evaluate_splits(model.score, split, data.n_items, ks=ks, batch_size=args.batch_size)
     result = {"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items, **metrics}
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "train", parents=[common], help="train a retriever and write its artifact",
+        description="Train a sequence retriever on the training positions of a prepared dataset, early-stop "
+        "on validation NDCG@10, evaluate the best epoch on valid and test, and write a self-describing "
+        "artifact (weights, config, FAISS index, item ids, manifest with checksums) to --out. "
+        "Any config key can be overridden: --train.lr 3e-4 --model.d_model 64 --loss.name full.",
+        epilog="Training state for --resume and TensorBoard logs go to OUT/run (tensorboard --logdir OUT/run/tb).",
+    )
+    p.add_argument("--config", type=Path, default=None, help="YAML run config (default: built-in defaults)")
+    p.add_argument("--data", type=Path, required=True, help="prepared folder (from `seqrec prepare`)")
+    p.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/run/last.pt after an interruption")
+    p.add_argument("--seed", type=int, default=None, help="shorthand for --train.seed")
+    p.add_argument("--threads", type=int, default=None, help="shorthand for --train.threads (CPU)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="shorthand for --train.device")
+    p.add_argument("--index", choices=["flat", "hnsw", "ivf"], default="flat", help="FAISS index to export")
+    p.set_defaults(handler=_run_train, overrides=True)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from offline.datasets.prepared import load_prepared
+    from offline.training import train_retriever
+    from retriever.config import load_config
+    from retriever.index import IndexSpec
+
+    overrides = list(args.extra)
+    for flag, key in (("seed", "train.seed"), ("threads", "train.threads"), ("device", "train.device")):
+        if getattr(args, flag) is not None:
+            overrides.append(f"{key}={getattr(args, flag)}")
+    config = load_config(args.config, overrides)
+    if (args.out / "manifest.json").exists() and not args.resume:
+        raise SeqrecError(f"{args.out} already holds an artifact; choose a new --out")
+    data = load_prepared(args.data)
+    manifest = train_retriever(config, data, args.out, resume=args.resume, index_spec=IndexSpec(kind=args.index))
+    summary = {"artifact": str(args.out), "version": manifest["version"], "training": manifest["training"],
+               **manifest["metrics"]}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add_export(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "export", parents=[common], help="rebuild an artifact's FAISS index (exact, HNSW or IVF)",
+        description="Write the artifact's L2-normalised item vectors into a new FAISS index and update the "
+        "manifest's checksum. Exact inner product (flat) by default; hnsw or ivf for large catalogues.",
+    )
+    p.add_argument("--artifact", type=Path, required=True, help="retriever artifact folder")
+    p.add_argument("--index", choices=["flat", "hnsw", "ivf"], default="flat")
+    p.add_argument("--hnsw-m", type=int, default=32, help="HNSW links per node")
+    p.add_argument("--ef-construction", type=int, default=200)
+    p.add_argument("--ef-search", type=int, default=128)
+    p.add_argument("--nlist", type=int, default=None, help="IVF lists (default about 4*sqrt(n_items))")
+    p.add_argument("--nprobe", type=int, default=32, help="IVF lists searched per query")
+    p.add_argument("--pq-m", type=int, default=None, help="IVF-PQ sub-quantizers (default: IVF-Flat)")
+    p.set_defaults(handler=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from retriever.artifact import rewrite_index
+    from retriever.index import IndexSpec
+
+    spec = IndexSpec(kind=args.index, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
+                     ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m)
+    manifest = rewrite_index(args.artifact, spec)
+    print(f"exported {manifest['n_items']:,} items ({spec.kind}) -> {args.artifact / 'items.faiss'}")
     return 0
 
 
@@ -138,7 +220,7 @@ def _parse_ks(text: str) -> tuple[int, ...]:
     return ks
 
 
-COMMANDS = (_add_prepare, _add_evaluate)
+COMMANDS = (_add_prepare, _add_train, _add_export, _add_evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,12 +236,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     debug = getattr(args, "debug", False)
     level = logging.DEBUG if debug else logging.WARNING if getattr(args, "quiet", False) else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     handler: Handler = args.handler
     try:
+        if getattr(args, "overrides", False):
+            from retriever.config import parse_cli_overrides
+
+            args.extra = parse_cli_overrides(extra)
         return handler(args)
     except KeyboardInterrupt:
         print("seqrec: interrupted", file=sys.stderr)
@@ -167,8 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:
         if debug:
             raise
-        kind = "error" if isinstance(err, SeqrecError) else f"internal error ({type(err).__name__})"
-        hint = "" if isinstance(err, SeqrecError) else " (rerun with --debug for the traceback)"
+        user_error = isinstance(err, SeqrecError | RetrieverError)
+        kind = "error" if user_error else f"internal error ({type(err).__name__})"
+        hint = "" if user_error else " (rerun with --debug for the traceback)"
         print(f"seqrec: {kind}: {err}{hint}", file=sys.stderr)
         return 1
 

@@ -1,0 +1,116 @@
+"""`seqrec train`: prepared data -> fitted retriever -> evaluated, self-describing artifact.
+
+Only training positions reach the loss; the validation target drives early stopping
+and model selection; the test target is scored once, at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offline.datasets.prepared import PreparedDataset
+from offline.evaluate import EVAL_KS, evaluate_splits, index_target_ranks, summarize
+from offline.split import LeaveOneOut, Split
+from retriever.artifact import RetrieverArtifact, load_artifact, write_artifact
+from retriever.config import RunConfig
+from retriever.index import IndexSpec
+from retriever.model import Retriever
+from retriever.train import fit
+
+log = logging.getLogger(__name__)
+
+
+def dataset_fingerprint(data: PreparedDataset) -> dict[str, Any]:
+    return {
+        "path": str(data.path),
+        "source": data.manifest.get("source"),
+        "sha256": data.manifest.get("sha256", {}),
+        "users": data.n_users,
+        "items": data.n_items,
+    }
+
+
+def dense_metrics(model: Retriever, split: LeaveOneOut, n_items: int, max_len: int,
+                  splits: tuple[Split, ...] = ("valid", "test"), batch_size: int | None = None) -> dict[str, Any]:
+    device = next(model.parameters()).device
+    model.eval()
+
+    def scorer(history: Any) -> Any:
+        return model.score(history.to(device)).cpu()
+
+    return evaluate_splits(scorer, split, n_items, splits=splits, max_len=max_len, batch_size=batch_size)
+
+
+def index_metrics(artifact: RetrieverArtifact, split: LeaveOneOut, splits: tuple[Split, ...] = ("valid", "test"),
+                  ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+    model = artifact.model
+    out: dict[str, Any] = {}
+    for name in splits:
+        ranks = index_target_ranks(
+            model.user_vectors, artifact.index, split.inputs(name), split.targets(name), artifact.n_items,
+            depth=max(ks), max_len=artifact.max_len, desc=f"{name} (index)",
+        )
+        out[name] = summarize(ranks, ks)
+    return out
+
+
+def train_retriever(
+    config: RunConfig, data: PreparedDataset, out: Path, *, resume: bool = False, index_spec: IndexSpec | None = None,
+) -> dict[str, Any]:
+    """Fit, evaluate on valid and test, write the artifact to ``out``; returns its manifest."""
+    split = data.split()
+    max_len = config.max_len(data.n_items)
+    eval_batch = config.train.eval_batch_size
+
+    def validate(model: Retriever) -> dict[str, float]:
+        return dense_metrics(model, split, data.n_items, max_len, ("valid",), eval_batch)["valid"]
+
+    result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume)
+    metrics = dense_metrics(result.model, split, data.n_items, max_len, batch_size=eval_batch)
+    training = {
+        "best_epoch": result.best_epoch,
+        "epochs_run": len(result.history),
+        "seconds": round(result.seconds, 1),
+        "seconds_to_best": round(result.seconds_to_best, 1),
+        "sequences_per_second": result.sequences_per_second,
+    }
+    manifest = write_artifact(
+        out, result.model.cpu(), config, np.asarray(data.item_ids[1:], dtype=str), metrics=metrics,
+        dataset=dataset_fingerprint(data), index_spec=index_spec, history=result.history,
+        extra={"training": training},
+    )
+    log.info("best epoch %d: valid NDCG@10 %.4f, test NDCG@10 %.4f", result.best_epoch,
+             metrics["valid"]["NDCG@10"], metrics["test"]["NDCG@10"])
+    return manifest
+
+
+def check_catalogue(artifact: RetrieverArtifact, data: PreparedDataset) -> None:
+    """The artifact's internal ids must mean the same items as the data's."""
+    from offline.errors import SeqrecError
+
+    if artifact.n_items != data.n_items or not np.array_equal(artifact.item_ids, data.item_ids[1:].astype(str)):
+        raise SeqrecError(
+            f"{artifact.path} was trained on a different item catalogue ({artifact.n_items} items) than "
+            f"{data.path} ({data.n_items} items)"
+        )
+
+
+def evaluate_artifact(path: Path, data: PreparedDataset, *, ks: tuple[int, ...] = EVAL_KS,
+                      use_index: bool = True, batch_size: int | None = None) -> dict[str, Any]:
+    artifact = load_artifact(path, with_index=use_index)
+    check_catalogue(artifact, data)
+    split = data.split()
+    model = artifact.model
+
+    def scorer(history: Any) -> Any:
+        return model.score(history)
+
+    dense = evaluate_splits(scorer, split, data.n_items, ks=ks, max_len=artifact.max_len, batch_size=batch_size)
+    result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest["version"], **dense}
+    if use_index:
+        result["index"] = {"spec": artifact.manifest.get("index"), **index_metrics(artifact, split, ks=ks)}
+    return result

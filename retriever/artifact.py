@@ -1,0 +1,224 @@
+"""The retriever artifact: a folder that describes itself and loads without pickle.
+
+    manifest.json   format, version, created_at, git sha, dataset fingerprint, backbone,
+                    dim, n_items, metrics, index spec, sha256 of every file below
+    config.json     the resolved run config (the model is rebuilt from it alone)
+    retriever.pt    state_dict, loaded with torch.load(weights_only=True)
+    item_ids.npy    index row r -> external id of internal item r + 1 (unicode, no pickle)
+    items.faiss     L2-normalised item vectors (row r = internal item r + 1)
+    history.jsonl   per-epoch training log (loss, lr, validation metrics, speed)
+
+Files are written to temporary names and renamed; the manifest goes last, so a folder
+whose manifest is present and whose checksums match is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from retriever.config import RunConfig, config_from_dict
+from retriever.errors import RetrieverError
+from retriever.index import IndexSpec, build_index, load_index, normalize, save_index
+from retriever.model import Retriever
+
+FORMAT = "seqrec.retriever/1"
+MANIFEST, CONFIG, WEIGHTS, ITEM_IDS, INDEX, HISTORY = (
+    "manifest.json", "config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl",
+)
+
+
+class ArtifactError(RetrieverError):
+    """A bundle that must not be served: missing files, checksum or shape mismatch."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+@dataclass(frozen=True)
+class RetrieverArtifact:
+    path: Path
+    manifest: dict[str, Any]
+    config: RunConfig
+    model: Retriever
+    item_ids: np.ndarray  # (n_items,) external ids; row r = internal id r + 1
+    index: Any | None  # faiss.Index, when loaded
+
+    @property
+    def n_items(self) -> int:
+        return len(self.item_ids)
+
+    @property
+    def max_len(self) -> int:
+        return self.config.max_len(self.n_items)
+
+
+def item_matrix(model: Retriever) -> np.ndarray:
+    """(n_items, D) float32 unit vectors of internal items 1..n_items, as the index holds them."""
+    with torch.inference_mode():
+        vectors = model.item_vectors()[1:].detach().float().cpu().numpy()
+    return normalize(vectors)
+
+
+def write_artifact(
+    out: Path,
+    model: Retriever,
+    config: RunConfig,
+    item_ids: np.ndarray,
+    *,
+    metrics: Mapping[str, Any] | None = None,
+    dataset: Mapping[str, Any] | None = None,
+    index_spec: IndexSpec | None = None,
+    history: list[dict[str, Any]] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write the bundle into ``out`` (created if needed); returns the manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    n_items = len(item_ids)
+    spec = index_spec or IndexSpec()
+    _atomic(out / CONFIG, lambda p: p.write_text(json.dumps(config.model_dump(mode="json"), indent=2)))
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    _atomic(out / WEIGHTS, lambda p: torch.save(state, p))
+    _atomic(out / ITEM_IDS, lambda p: _save_npy(p, np.asarray(item_ids, dtype=str)))
+    save_index(build_index(item_matrix(model), spec), out / INDEX)
+    files = [CONFIG, WEIGHTS, ITEM_IDS, INDEX]
+    if history is not None:
+        _atomic(out / HISTORY, lambda p: p.write_text("".join(json.dumps(r) + "\n" for r in history)))
+        files.append(HISTORY)
+    created = datetime.now(UTC)
+    digest = {name: sha256_file(out / name) for name in files}
+    manifest = {
+        "format": FORMAT,
+        "version": f"{created:%Y%m%dT%H%M%SZ}-{config.model.backbone}-{digest[WEIGHTS][:8]}",
+        "created_at": created.isoformat(timespec="seconds"),
+        "git_sha": _git_sha(),
+        "backbone": config.model.backbone,
+        "dim": int(item_matrix(model).shape[1]),
+        "n_items": n_items,
+        "max_len": config.max_len(n_items),
+        "dataset": dict(dataset or {}),
+        "metrics": dict(metrics or {}),
+        "index": spec.to_dict(),
+        **dict(extra or {}),
+        "sha256": digest,
+    }
+    _atomic(out / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+    return manifest
+
+
+def rewrite_index(path: Path, spec: IndexSpec) -> dict[str, Any]:
+    """Rebuild items.faiss with another index spec and update the manifest in place."""
+    artifact = load_artifact(path, with_index=False)
+    save_index(build_index(item_matrix(artifact.model), spec), path / INDEX)
+    manifest = dict(artifact.manifest)
+    manifest["index"] = spec.to_dict()
+    manifest["sha256"] = {**manifest["sha256"], INDEX: sha256_file(path / INDEX)}
+    _atomic(path / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+    return manifest
+
+
+def load_artifact(path: str | Path, *, with_index: bool = True, verify: bool = True,
+                  device: str | torch.device = "cpu") -> RetrieverArtifact:
+    """Rebuild the model from the folder alone; refuse it on any checksum or shape mismatch."""
+    path = Path(path)
+    manifest = _read_manifest(path)
+    if verify:
+        verify_checksums(path, manifest)
+    try:
+        config = config_from_dict(json.loads((path / CONFIG).read_text()), source=str(path / CONFIG))
+    except (OSError, ValueError) as err:
+        raise ArtifactError(path / CONFIG, f"unusable config: {err}") from None
+    try:
+        item_ids = np.load(path / ITEM_IDS, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ArtifactError(path / ITEM_IDS, f"unreadable: {err}") from None
+    n_items = len(item_ids)
+    if n_items != manifest.get("n_items"):
+        raise ArtifactError(path / ITEM_IDS, f"holds {n_items} ids but the manifest says {manifest.get('n_items')}")
+    model = config.build(n_items)
+    try:
+        state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except (RuntimeError, OSError, EOFError, ValueError) as err:  # shape mismatch, truncated or foreign file
+        raise ArtifactError(path / WEIGHTS, f"does not fit the config's model: {_first_line(err)}") from None
+    model.to(device).eval()
+    index = None
+    if with_index:
+        try:
+            index = load_index(path / INDEX, IndexSpec.from_dict(manifest.get("index", {})))
+        except (RuntimeError, ValueError) as err:
+            raise ArtifactError(path / INDEX, f"unreadable index: {_first_line(err)}") from None
+        dim = int(manifest.get("dim", -1))
+        if index.ntotal != n_items or index.d != dim:
+            raise ArtifactError(path / INDEX, f"holds {index.ntotal} vectors of dim {index.d}; "
+                                f"expected {n_items} of dim {dim}")
+    return RetrieverArtifact(path, manifest, config, model, item_ids, index)
+
+
+def verify_checksums(path: Path, manifest: Mapping[str, Any]) -> None:
+    digests = manifest.get("sha256")
+    if not isinstance(digests, dict) or WEIGHTS not in digests:
+        raise ArtifactError(path / MANIFEST, "lists no checksums")
+    for name, expected in digests.items():
+        file = path / name
+        if not file.is_file():
+            raise ArtifactError(file, "listed in the manifest but missing")
+        if sha256_file(file) != expected:
+            raise ArtifactError(file, "checksum does not match the manifest (changed, truncated or corrupt)")
+
+
+def sha256_file(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise ArtifactError(path, "no such artifact folder")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ArtifactError(path / MANIFEST, "missing; not a complete retriever artifact") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ArtifactError(path / MANIFEST, f"not valid JSON: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(path / MANIFEST, f"not a {FORMAT} manifest")
+    return manifest
+
+
+def _atomic(path: Path, write: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with path.open("wb") as handle:  # a file handle, or np.save appends ".npy" to the temp name
+        np.save(handle, array, allow_pickle=False)
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

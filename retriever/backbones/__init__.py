@@ -1,0 +1,48 @@
+"""Registry of sequence encoders: a new model is one file plus one line here.
+
+Every encoder maps (B, T) item ids (0 = padding, left-padded) to (B, T, D) hidden states
+and exposes its (n_items + 1, D) output item table; `retriever.model.Retriever` turns that
+into user vectors and scores, so losses, training, export and serving are shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from torch import Tensor, nn
+
+from retriever.backbones.transformer import Transformer, TransformerConfig
+
+
+class SequenceEncoder(Protocol):
+    config: Any
+
+    def __call__(self, item_ids: Tensor) -> Tensor: ...  # (B, T) -> (B, T, D)
+
+    def item_embeddings(self) -> Tensor: ...  # (n_items + 1, D)
+
+
+BACKBONES: dict[str, tuple[type, type[nn.Module]]] = {
+    "transformer": (TransformerConfig, Transformer),
+}
+
+
+def backbone_config(name: str, n_items: int, params: Mapping[str, Any]) -> Any:
+    """The backbone's typed config from a plain mapping; unknown or missing keys are a ValueError."""
+    if name not in BACKBONES:
+        raise ValueError(f"unknown backbone {name!r}; choose one of {', '.join(sorted(BACKBONES))}")
+    config_cls = BACKBONES[name][0]
+    known = {f.name for f in dataclasses.fields(config_cls)} - {"n_items"}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) for backbone {name!r}: {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    return config_cls(n_items=n_items, **params)
+
+
+def build_encoder(name: str, config: Any) -> SequenceEncoder:
+    encoder: SequenceEncoder = BACKBONES[name][1](config)  # type: ignore[assignment]  # registry holds encoders
+    return encoder

@@ -1,0 +1,164 @@
+"""The one run config: YAML file -> dotted CLI overrides -> validated -> stored in the artifact.
+
+    model:  backbone name, similarity, temperature, and the backbone's own options
+    loss:   which loss and its options
+    train:  optimiser, schedule, batches, early stopping, seed, device
+
+Export and the service rebuild the model from the stored config, never from flags.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from retriever.backbones import BACKBONES, backbone_config, build_encoder
+from retriever.errors import RetrieverError
+from retriever.losses import LossName
+from retriever.model import Retriever, Similarity
+
+
+class ConfigError(RetrieverError):
+    """A config file or override that cannot be used; the message says which key and why."""
+
+
+class ModelConfig(BaseModel):
+    """Backbone-specific options (d_model, n_layers, max_len, ...) sit beside these keys."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    backbone: str = "transformer"
+    similarity: Similarity = "cosine"
+    temperature: float = Field(0.05, gt=0)
+
+    def backbone_params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class LossConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: LossName = "infonce"
+    logq: bool = False
+    n_uniform: int = Field(0, ge=0, description="extra uniform negatives mixed into infonce")
+    n_negatives: int = Field(256, ge=1, description="uniform negatives of the sampled softmax")
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: int = Field(128, ge=1, description="sequences per step")
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(100, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    grad_clip: float | None = Field(1.0, gt=0)
+    epochs: int = Field(200, ge=1, description="upper bound; early stopping usually ends sooner")
+    eval_every: int = Field(1, ge=1, description="epochs between validation runs")
+    patience: int = Field(10, ge=1, description="validation runs without improvement before stopping")
+    windows: Literal["all", "last"] = Field(
+        "all", description="all: cut long sequences into max_len windows; last: only the most recent one"
+    )
+    seed: int = 42
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(None, ge=1, description="CPU threads (default: torch's choice)")
+    eval_batch_size: int | None = Field(None, ge=1)
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelConfig = ModelConfig()
+    loss: LossConfig = LossConfig()
+    train: TrainConfig = TrainConfig()
+
+    def backbone(self, n_items: int) -> Any:
+        """The backbone's typed config (validates backbone-specific options)."""
+        try:
+            return backbone_config(self.model.backbone, n_items, self.model.backbone_params())
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"model: {err}") from None
+
+    def build(self, n_items: int) -> Retriever:
+        name = self.model.backbone
+        encoder = build_encoder(name, self.backbone(n_items))
+        return Retriever(encoder, temperature=self.model.temperature, similarity=self.model.similarity)
+
+    def max_len(self, n_items: int) -> int:
+        return int(self.backbone(n_items).max_len)
+
+
+def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read YAML (or start from defaults), apply ``section.key=value`` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        raw = loaded or {}
+    return config_from_dict(apply_overrides(raw, overrides), source=str(path or "defaults"))
+
+
+def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfig:
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
+        raise ConfigError(f"{source}: {problems}") from None
+    if config.model.backbone not in BACKBONES:
+        raise ConfigError(f"{source}: unknown backbone {config.model.backbone!r}; "
+                          f"choose one of {', '.join(sorted(BACKBONES))}")
+    config.backbone(n_items=1)  # backbone-specific keys are checked now, not after loading data
+    return config
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``["train.lr=3e-4", "model.d_model=64"]`` -> a new nested dict; values parsed as YAML."""
+    out = copy.deepcopy(dict(raw))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key or "." not in key:
+            raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.lr=3e-4)")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[leaf] = value
+    return out
+
+
+def parse_cli_overrides(args: Sequence[str]) -> list[str]:
+    """``["--train.lr", "3e-4", "--model.d_model=64"]`` -> ``["train.lr=3e-4", "model.d_model=64"]``."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError(f"unrecognised argument {arg!r}; config overrides look like --train.lr 3e-4")
+        if "=" in arg:
+            out.append(arg[2:])
+            i += 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out.append(f"{arg[2:]}={args[i + 1]}")
+            i += 2
+        else:
+            raise ConfigError(f"override {arg} needs a value")
+    return out

@@ -1,0 +1,338 @@
+"""The retriever's training loop: short and linear, built from named helpers.
+
+Data arrives as CSR arrays of training positions only (no validation or test item), and
+validation is a callback, so this module knows nothing about files or splits. Every
+position of every window is trained at once (causal), never one prefix per sample.
+
+State for ``--resume`` lives in ``run_dir``: ``last.pt`` (model, optimiser, RNG, early-
+stopping counters; rewritten atomically after every epoch), ``best.pt`` (weights of the
+best validation epoch), ``history.jsonl`` and TensorBoard event files under ``tb/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from retriever.config import ConfigError, RunConfig
+from retriever.losses import LossContext, compute_loss, item_log_prob
+from retriever.model import Retriever
+
+log = logging.getLogger(__name__)
+
+Validate = Callable[[Retriever], dict[str, float]]
+SELECTION_METRIC = "NDCG@10"
+
+
+@dataclass
+class FitResult:
+    model: Retriever
+    best_epoch: int
+    best_metric: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+    seconds_to_best: float = 0.0
+    seconds: float = 0.0
+    sequences_per_second: float = 0.0
+
+
+def make_windows(offsets: np.ndarray, items: np.ndarray, max_len: int, mode: str = "all") -> np.ndarray:
+    """(n_windows, max_len + 1) left-padded training windows.
+
+    A window of w items trains w - 1 next-item targets. "all" cuts sequences longer than
+    max_len + 1 from the end into windows that overlap by one item, so every training
+    target is predicted exactly once; "last" keeps only each user's most recent window.
+    """
+    lengths = np.diff(offsets)
+    keep = lengths >= 2
+    ends, lengths = offsets[1:][keep], lengths[keep]
+    n_windows = np.ones_like(lengths) if mode == "last" else -(-(lengths - 1) // max_len)  # ceil
+    user = np.repeat(np.arange(len(lengths)), n_windows)
+    back = np.arange(n_windows.sum()) - np.repeat(np.cumsum(n_windows) - n_windows, n_windows)  # 0 = latest
+    window_ends = ends[user] - back * max_len
+    window_starts = np.maximum(window_ends - (max_len + 1), offsets[1:][keep][user] - lengths[user])
+    width = max_len + 1
+    size = window_ends - window_starts
+    cols = np.arange(width)
+    shift = width - size
+    valid = cols[None, :] >= shift[:, None]  # (n_windows, width)
+    source = window_starts[:, None] + cols[None, :] - shift[:, None]
+    out = np.zeros((len(size), width), dtype=np.int64)
+    out[valid] = items[source[valid]]
+    return out
+
+
+def batches(windows: Tensor, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """Shuffled batches, each trimmed to its longest window.
+
+    Windows are sorted by length inside random chunks of 50 batches, so a batch holds
+    similar lengths (far less padding on short-sequence data) and stays random across epochs.
+    """
+    order = torch.randperm(len(windows), generator=generator)
+    lengths = (windows[order] != 0).sum(1)
+    chunk = batch_size * 50
+    parts = []
+    for start in range(0, len(order), chunk):
+        part = order[start : start + chunk]
+        parts.append(part[torch.argsort(lengths[start : start + chunk], descending=True, stable=True)])
+    sorted_order = torch.cat(parts)
+    starts = torch.arange(0, len(sorted_order), batch_size)
+    for start in starts[torch.randperm(len(starts), generator=generator)].tolist():
+        rows = windows[sorted_order[start : start + batch_size]]
+        width = int((rows != 0).sum(1).max())
+        yield rows[:, -width:]
+
+
+def lr_at(step: int, total_steps: int, config: RunConfig) -> float:
+    train = config.train
+    if train.warmup_steps and step < train.warmup_steps:
+        return train.lr * (step + 1) / train.warmup_steps
+    if train.schedule == "cosine":
+        progress = (step - train.warmup_steps) / max(1, total_steps - train.warmup_steps)
+        return train.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return train.lr
+
+
+def resolve_device(config: RunConfig) -> torch.device:
+    wanted = config.train.device
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda but torch sees no CUDA device")
+    if wanted == "auto":
+        wanted = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(wanted)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    elif config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    return device
+
+
+def train_step(
+    model: Retriever, batch: Tensor, optimizer: torch.optim.Optimizer, config: RunConfig, ctx: LossContext
+) -> tuple[float, float]:
+    """One optimiser step on a (B, T + 1) window batch; returns (loss, grad norm)."""
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    trained = (inputs != 0) & (targets != 0)  # the first item of a window has no history to predict it from
+    with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
+        hidden = model.hidden(inputs)  # (B, T, D)
+    loss = compute_loss(
+        config.loss.name, hidden[trained].float(), targets[trained], model.encoder.item_embeddings(), ctx,
+        logq=config.loss.logq, n_uniform=config.loss.n_uniform, n_negatives=config.loss.n_negatives,
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    clip = config.train.grad_clip if config.train.grad_clip is not None else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return float(loss.detach()), float(grad_norm)
+
+
+def make_optimizer(model: Retriever, config: RunConfig) -> torch.optim.Optimizer:
+    # Norm gains and embeddings are not decayed (decay on them only shrinks scale, cf. nanoGPT).
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "emb" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "emb" not in n)]
+    groups = [{"params": decay, "weight_decay": config.train.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.train.lr, betas=config.train.betas)
+
+
+def fit(
+    config: RunConfig,
+    train_offsets: np.ndarray,
+    train_items: np.ndarray,
+    n_items: int,
+    validate: Validate,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+) -> FitResult:
+    """Train with early stopping on ``validate(model)[SELECTION_METRIC]``; returns the best model."""
+    device = resolve_device(config)
+    torch.manual_seed(config.train.seed)
+    model = config.build(n_items).to(device)
+    max_len = config.max_len(n_items)
+    windows = torch.from_numpy(make_windows(train_offsets, train_items, max_len, config.train.windows)).to(device)
+    if len(windows) == 0:
+        raise ConfigError("no training sequence has two or more items")
+    optimizer = make_optimizer(model, config)
+    generator = torch.Generator(device=device).manual_seed(config.train.seed)
+    ctx = LossContext(
+        temperature=model.temperature, project=model._project, generator=generator,
+        item_log_prob=item_log_prob(torch.from_numpy(train_items), n_items).to(device),
+    )
+    state = TrainState()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        state = load_checkpoint(run_dir, model, optimizer, generator, config)
+    steps_per_epoch = -(-len(windows) // config.train.batch_size)
+    total_steps = steps_per_epoch * config.train.epochs
+    writer = _tensorboard(run_dir)
+    log.info("training %s on %d windows (%d steps/epoch) on %s", config.model.backbone, len(windows),
+             steps_per_epoch, device)
+    started = time.perf_counter() - state.seconds
+    for epoch in range(state.epoch + 1, config.train.epochs + 1):
+        model.train()
+        epoch_start = time.perf_counter()
+        losses: list[float] = []
+        n_sequences = 0
+        bar = tqdm(batches(windows, config.train.batch_size, generator), total=steps_per_epoch,
+                   desc=f"epoch {epoch}", unit="batch", disable=not progress or None, leave=False)
+        for batch in bar:
+            lr = lr_at(state.step, total_steps, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss, grad_norm = train_step(model, batch, optimizer, config, ctx)
+            losses.append(loss)
+            n_sequences += len(batch)
+            state.step += 1
+            seq_per_s = n_sequences / max(1e-9, time.perf_counter() - epoch_start)
+            bar.set_postfix(loss=f"{loss:.4f}", seq_s=f"{seq_per_s:.0f}")
+            writer.add_scalar("train/loss", loss, state.step)
+            writer.add_scalar("train/lr", lr, state.step)
+            writer.add_scalar("train/grad_norm", grad_norm, state.step)
+        epoch_seconds = time.perf_counter() - epoch_start
+        record: dict[str, Any] = {
+            "epoch": epoch, "step": state.step, "loss": float(np.mean(losses)), "lr": lr,
+            "epoch_seconds": round(epoch_seconds, 3), "sequences_per_second": round(n_sequences / epoch_seconds, 1),
+            "peak_memory_mb": _peak_memory_mb(device),
+        }
+        if epoch % config.train.eval_every == 0 or epoch == config.train.epochs:
+            model.eval()
+            metrics = validate(model)
+            record["valid"] = metrics
+            state.observe(epoch, metrics[SELECTION_METRIC], model, run_dir, time.perf_counter() - started)
+        state.seconds = time.perf_counter() - started
+        state.history.append(record)
+        _log_epoch(writer, record, device)
+        save_checkpoint(run_dir, model, optimizer, generator, state, config)
+        if state.bad_evals >= config.train.patience:
+            log.info("early stop at epoch %d: no %s gain for %d validations", epoch, SELECTION_METRIC,
+                     config.train.patience)
+            break
+    writer.close()
+    best = load_weights(run_dir / "best.pt", model) if (run_dir / "best.pt").exists() else model
+    best.eval()
+    total_sequences = sum(r["sequences_per_second"] * r["epoch_seconds"] for r in state.history)
+    train_seconds = sum(r["epoch_seconds"] for r in state.history)
+    return FitResult(
+        model=best, best_epoch=state.best_epoch, best_metric=state.best_metric, history=state.history,
+        seconds_to_best=state.seconds_to_best, seconds=state.seconds,
+        sequences_per_second=round(total_sequences / max(1e-9, train_seconds), 1),
+    )
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0
+    step: int = 0
+    best_epoch: int = 0
+    best_metric: float = -math.inf
+    bad_evals: int = 0
+    seconds: float = 0.0
+    seconds_to_best: float = 0.0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def observe(self, epoch: int, metric: float, model: Retriever, run_dir: Path, elapsed: float) -> None:
+        self.epoch = epoch
+        if metric > self.best_metric:
+            self.best_metric, self.best_epoch, self.bad_evals = metric, epoch, 0
+            self.seconds_to_best = elapsed
+            atomic_torch_save(model.state_dict(), run_dir / "best.pt")
+        else:
+            self.bad_evals += 1
+
+
+def save_checkpoint(
+    run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator,
+    state: TrainState, config: RunConfig,
+) -> None:
+    history = run_dir / "history.jsonl"
+    _atomic_write_text(history, "".join(json.dumps(r) + "\n" for r in state.history))
+    state.epoch = state.history[-1]["epoch"] if state.history else state.epoch
+    atomic_torch_save({
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
+        "config": config.model_dump_json(),
+        "state": {k: v for k, v in vars(state).items() if k != "history"},
+        "history": json.dumps(state.history),
+    }, run_dir / "last.pt")
+
+
+def load_checkpoint(
+    run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator, config: RunConfig
+) -> TrainState:
+    path = run_dir / "last.pt"
+    if not path.exists():
+        log.warning("--resume: no checkpoint in %s, starting from scratch", run_dir)
+        return TrainState()
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    if saved["config"] != config.model_dump_json():
+        raise ConfigError(f"{path}: was written with a different config; resume with the same config or a new --out")
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    generator.set_state(saved["generator"])
+    torch.set_rng_state(saved["torch_rng"])
+    state = TrainState(**saved["state"], history=json.loads(saved["history"]))
+    log.info("resumed from %s at epoch %d (best %s %.4f at epoch %d)", path, state.epoch, SELECTION_METRIC,
+             state.best_metric, state.best_epoch)
+    return state
+
+
+def load_weights(path: Path, model: Retriever) -> Retriever:
+    model.load_state_dict(torch.load(path, map_location=next(model.parameters()).device, weights_only=True))
+    return model
+
+
+def atomic_torch_save(obj: object, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
+    return round(rss_kb / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
+def _log_epoch(writer: Any, record: dict[str, Any], device: torch.device) -> None:
+    epoch = record["epoch"]
+    for key in ("loss", "epoch_seconds", "sequences_per_second", "peak_memory_mb"):
+        writer.add_scalar(f"epoch/{key}", record[key], epoch)
+    for name, value in record.get("valid", {}).items():
+        writer.add_scalar(f"valid/{name}", value, epoch)
+    if device.type == "cuda":
+        with contextlib.suppress(RuntimeError, ModuleNotFoundError):  # needs pynvml; not worth failing a run over
+            writer.add_scalar("epoch/gpu_utilization", torch.cuda.utilization(device), epoch)
+    writer.flush()
+    valid = record.get("valid", {})
+    log.info("epoch %d loss %.4f %s %.4f %.0f seq/s %.1fs", epoch, record["loss"], SELECTION_METRIC,
+             valid.get(SELECTION_METRIC, float("nan")), record["sequences_per_second"], record["epoch_seconds"])
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    from torch.utils.tensorboard import SummaryWriter  # slow import; only when training
+
+    return SummaryWriter(log_dir=str(run_dir / "tb"))

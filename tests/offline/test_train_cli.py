@@ -1,0 +1,98 @@
+"""`seqrec train` -> `seqrec evaluate --artifact` -> `seqrec export`, through the real CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from offline.cli import main
+
+TINY = [
+    "--model.d_model", "16", "--model.n_layers", "1", "--model.n_heads", "2", "--model.max_len", "10",
+    "--train.epochs", "3", "--train.batch_size", "64", "--threads", "1", "--seed", "3",
+]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "synthetic"
+    assert main(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
+                 "--seed", "1", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def artifact(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("artifacts") / "a"
+    assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "-q"]) == 0
+    return out
+
+
+def test_train_writes_a_self_describing_artifact(artifact: Path) -> None:
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert set(manifest["sha256"]) == {"config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl"}
+    assert manifest["training"]["epochs_run"] == 3
+    assert 1 <= manifest["training"]["best_epoch"] <= 3
+    config = json.loads((artifact / "config.json").read_text())
+    assert config["model"]["d_model"] == 16
+    assert config["train"]["seed"] == 3
+    assert (artifact / "run" / "tb").is_dir()
+    assert any((artifact / "run" / "tb").iterdir())
+    history = [json.loads(line) for line in (artifact / "history.jsonl").read_text().splitlines()]
+    assert [h["epoch"] for h in history] == [1, 2, 3]
+    assert all("NDCG@10" in h["valid"] and h["sequences_per_second"] > 0 for h in history)
+
+
+def test_evaluate_artifact_dense_and_index_agree(artifact: Path, prepared: Path, capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    assert main(["evaluate", "--artifact", str(artifact), "--data", str(prepared)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    for split in ("valid", "test"):
+        assert set(result[split]) == {f"{m}@{k}" for m in ("HR", "NDCG", "MRR", "Recall") for k in (1, 5, 10, 20, 50)}
+        assert result[split] == manifest["metrics"][split]  # the artifact reproduces its training-time numbers
+        assert result["index"][split] == pytest.approx(result[split], abs=1e-6)
+
+
+def test_export_hnsw_keeps_the_artifact_loadable(artifact: Path, prepared: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    assert main(["export", "--artifact", str(copy), "--index", "hnsw"]) == 0
+    assert json.loads((copy / "manifest.json").read_text())["index"]["kind"] == "hnsw"
+    capsys.readouterr()
+    assert main(["evaluate", "--artifact", str(copy), "--data", str(prepared)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["index"]["spec"]["kind"] == "hnsw"
+    assert result["index"]["test"]["HR@50"] >= result["test"]["HR@50"] - 0.05
+
+
+def test_training_refuses_to_overwrite_and_reports_bad_config(artifact: Path, prepared: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    assert main(["train", "--data", str(prepared), "--out", str(artifact)]) == 1
+    assert "already holds an artifact" in capsys.readouterr().err
+    assert main(["train", "--data", str(prepared), "--out", str(tmp_path / "x"), "--train.lr", "-1"]) == 1
+    assert "train.lr" in capsys.readouterr().err
+    assert main(["train", "--data", str(prepared), "--out", str(tmp_path / "x"), "--model.d_modle", "8"]) == 1
+    assert "d_modle" in capsys.readouterr().err
+    assert main(["train", "--data", str(prepared), "--out", str(tmp_path / "x"), "--loss.name", "hinge"]) == 1
+    err = capsys.readouterr().err
+    assert "loss.name" in err
+    assert "Traceback" not in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [1, 2\n")
+    assert main(["train", "--config", str(bad), "--data", str(prepared), "--out", str(tmp_path / "x")]) == 1
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_an_artifact_from_another_catalogue(artifact: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    other = tmp_path / "other"
+    assert main(["prepare", "--dataset", "synthetic", "--n-users", "50", "--n-items", "30", "--seed", "2",
+                 "--out", str(other)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--artifact", str(artifact), "--data", str(other)]) == 1
+    assert "different item catalogue" in capsys.readouterr().err

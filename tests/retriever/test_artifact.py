@@ -1,0 +1,77 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from retriever.artifact import ArtifactError, load_artifact, sha256_file, write_artifact
+from retriever.config import config_from_dict
+from retriever.index import search
+
+CONFIG = {"model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 6}}
+N_ITEMS = 25
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    config = config_from_dict(CONFIG)
+    model = config.build(N_ITEMS).eval()
+    item_ids = np.array([f"item-{i}" for i in range(1, N_ITEMS + 1)])
+    write_artifact(tmp_path / "a", model, config, item_ids, metrics={"valid": {"NDCG@10": 0.5}})
+    return tmp_path / "a"
+
+
+def test_save_load_gives_identical_scores(bundle: Path) -> None:
+    torch.manual_seed(0)
+    original = config_from_dict(CONFIG).build(N_ITEMS).eval()
+    loaded = load_artifact(bundle)
+    histories = torch.randint(1, N_ITEMS + 1, (4, 6))
+    assert torch.equal(original.score(histories), loaded.model.score(histories))
+    assert loaded.item_ids[0] == "item-1"
+    assert loaded.n_items == N_ITEMS
+    assert loaded.manifest["metrics"]["valid"]["NDCG@10"] == 0.5
+    assert not list(bundle.glob(".*tmp"))
+
+
+def test_index_top_k_matches_model_scores(bundle: Path) -> None:
+    artifact = load_artifact(bundle)
+    histories = torch.randint(1, N_ITEMS + 1, (5, 6))
+    with torch.inference_mode():
+        dense = artifact.model.score(histories)[:, 1:]
+        queries = artifact.model.user_vectors(histories).numpy()
+    _, rows = search(artifact.index, queries, 10)
+    assert np.array_equal(rows, dense.argsort(dim=1, descending=True, stable=True)[:, :10].numpy())
+
+
+def test_tampered_weights_are_refused(bundle: Path) -> None:
+    with (bundle / "retriever.pt").open("ab") as handle:
+        handle.write(b"\0")
+    with pytest.raises(ArtifactError, match=r"retriever\.pt: checksum does not match"):
+        load_artifact(bundle)
+
+
+def test_missing_file_is_refused(bundle: Path) -> None:
+    (bundle / "items.faiss").unlink()
+    with pytest.raises(ArtifactError, match="missing"):
+        load_artifact(bundle)
+
+
+def test_shape_mismatch_is_refused_even_with_matching_checksums(bundle: Path) -> None:
+    config = json.loads((bundle / "config.json").read_text())
+    config["model"]["d_model"] = 32
+    (bundle / "config.json").write_text(json.dumps(config))
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["sha256"]["config.json"] = sha256_file(bundle / "config.json")
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="does not fit the config's model"):
+        load_artifact(bundle)
+
+
+def test_not_an_artifact(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="no such artifact folder"):
+        load_artifact(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArtifactError, match=r"manifest\.json: missing"):
+        load_artifact(tmp_path / "empty")

@@ -1,0 +1,52 @@
+"""The contract every registered backbone keeps: shapes, causality, padding, save -> load."""
+
+import pytest
+import torch
+
+from retriever.backbones import BACKBONES, backbone_config, build_encoder
+from retriever.model import Retriever
+
+N_ITEMS = 40
+
+
+def _encoder(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = backbone_config(name, N_ITEMS, {"d_model": 16, "n_layers": 2, "n_heads": 2, "max_len": 12})
+    return build_encoder(name, config).eval()
+
+
+@pytest.fixture(params=sorted(BACKBONES))
+def name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_shapes(name: str) -> None:
+    encoder = _encoder(name)
+    ids = torch.randint(1, N_ITEMS + 1, (3, 7))
+    assert encoder(ids).shape == (3, 7, 16)
+    assert encoder.item_embeddings().shape == (N_ITEMS + 1, 16)
+    scores = Retriever(encoder).score(ids)
+    assert scores.shape == (3, N_ITEMS + 1)
+    assert torch.isinf(scores[:, 0]).all()
+
+
+def test_causal_changing_item_t_plus_one_leaves_earlier_outputs(name: str) -> None:
+    encoder = _encoder(name)
+    ids = torch.randint(1, N_ITEMS + 1, (2, 8))
+    changed = ids.clone()
+    changed[:, 5] = (ids[:, 5] % N_ITEMS) + 1
+    a, b = encoder(ids), encoder(changed)
+    assert torch.allclose(a[:, :5], b[:, :5], atol=1e-5)
+    assert not torch.allclose(a[:, 5:], b[:, 5:], atol=1e-5)
+
+
+def test_extra_left_padding_does_not_change_the_user_vector(name: str) -> None:
+    model = Retriever(_encoder(name))
+    ids = torch.randint(1, N_ITEMS + 1, (2, 5))
+    padded = torch.cat([torch.zeros(2, 4, dtype=torch.long), ids], dim=1)
+    assert torch.allclose(model.user_vectors(ids), model.user_vectors(padded), atol=1e-5)
+
+
+def test_unknown_option_is_a_clear_error(name: str) -> None:
+    with pytest.raises(ValueError, match="unknown option"):
+        backbone_config(name, N_ITEMS, {"d_modle": 16})
