@@ -25,9 +25,12 @@ setup() {
 }
 
 demo() {
-  local data=${SEQREC_DEMO_DATA:-data/demo}
+  local data=${SEQREC_DEMO_DATA:-data/demo} out=${SEQREC_DEMO_OUT:-artifacts/demo}
   "$VENV/bin/seqrec" prepare --dataset synthetic --out "$data" --overwrite
   "$VENV/bin/seqrec" evaluate --model popularity --data "$data"
+  rm -rf "$out"
+  "$VENV/bin/seqrec" train --config configs/synthetic/transformer.yaml --data "$data" --out "$out"
+  "$VENV/bin/seqrec" evaluate --artifact "$out" --data "$data" --ks 10
 }
 
 cmd=${1:-help}

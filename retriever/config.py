@@ -130,10 +130,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         key, sep, text = item.partition("=")
         if not sep or not key or "." not in key:
             raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.lr=3e-4)")
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            value = text
+        value = _parse_value(text)
         node = out
         *parents, leaf = key.split(".")
         for part in parents:
@@ -143,6 +140,19 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
             node = child
         node[leaf] = value
     return out
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def parse_cli_overrides(args: Sequence[str]) -> list[str]:

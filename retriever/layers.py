@@ -83,15 +83,20 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(dim, dim, bias=False)
         self.out_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor] | None = None, *, last_only: bool = False
+    ) -> Tensor:
+        """(B, T, D) -> (B, T, D), or (B, 1, D) for the last query alone when last_only (inference)."""
         B, T, D = x.shape
         H, hd = self.n_heads, D // self.n_heads
         q, k, v = self.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
         if self.rope and rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if last_only:
+            q, mask = q[:, :, -1:], mask[:, :, -1:]  # (B, H, 1, hd), (B, 1, 1, T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        y = y.transpose(1, 2).reshape(B, q.shape[2], D)  # (B, T or 1, D)
         return self.out_dropout(self.out(y))
 
 
@@ -105,6 +110,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(dim)
         self.ffn = SwiGLU(dim, expansion, dropout)
 
-    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), mask, rope)
+    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor], *, last_only: bool = False) -> Tensor:
+        """last_only: compute only the last position's output, (B, 1, D); the final block at inference."""
+        attended = self.attn(self.attn_norm(x), mask, rope, last_only=last_only)
+        x = (x[:, -1:] if last_only else x) + attended
         return x + self.ffn(self.ffn_norm(x))

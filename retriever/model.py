@@ -41,7 +41,9 @@ class Retriever(nn.Module):
 
     def user_vectors(self, item_ids: Tensor) -> Tensor:
         """(B, T) left-padded histories -> (B, D): the state at the last position."""
-        return self._project(self.encoder(item_ids)[:, -1])
+        encode_last = getattr(self.encoder, "encode_last", None)  # an encoder's optional inference shortcut
+        last = encode_last(item_ids) if encode_last is not None else self.encoder(item_ids)[:, -1]
+        return self._project(last)
 
     def score(self, item_ids: Tensor) -> Tensor:
         """(B, T) histories -> (B, n_items + 1) scores; column 0 (padding) is -inf."""

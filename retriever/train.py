@@ -12,6 +12,7 @@ best validation epoch), ``history.jsonl`` and TensorBoard event files under ``tb
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -177,40 +178,30 @@ def fit(
     )
     state = TrainState()
     run_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(run_dir):
+        return _fit_locked(config, model, windows, optimizer, generator, ctx, state, validate, run_dir, resume,
+                           progress)
+
+
+def _fit_locked(
+    config: RunConfig, model: Retriever, windows: Tensor, optimizer: torch.optim.Optimizer,
+    generator: torch.Generator, ctx: LossContext, state: TrainState, validate: Validate, run_dir: Path,
+    resume: bool, progress: bool,
+) -> FitResult:
     if resume:
         state = load_checkpoint(run_dir, model, optimizer, generator, config)
     steps_per_epoch = -(-len(windows) // config.train.batch_size)
     total_steps = steps_per_epoch * config.train.epochs
+    device = windows.device
     writer = _tensorboard(run_dir)
     log.info("training %s on %d windows (%d steps/epoch) on %s", config.model.backbone, len(windows),
              steps_per_epoch, device)
     started = time.perf_counter() - state.seconds
     for epoch in range(state.epoch + 1, config.train.epochs + 1):
-        model.train()
-        epoch_start = time.perf_counter()
-        losses: list[float] = []
-        n_sequences = 0
-        bar = tqdm(batches(windows, config.train.batch_size, generator), total=steps_per_epoch,
-                   desc=f"epoch {epoch}", unit="batch", disable=not progress or None, leave=False)
-        for batch in bar:
-            lr = lr_at(state.step, total_steps, config)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss, grad_norm = train_step(model, batch, optimizer, config, ctx)
-            losses.append(loss)
-            n_sequences += len(batch)
-            state.step += 1
-            seq_per_s = n_sequences / max(1e-9, time.perf_counter() - epoch_start)
-            bar.set_postfix(loss=f"{loss:.4f}", seq_s=f"{seq_per_s:.0f}")
-            writer.add_scalar("train/loss", loss, state.step)
-            writer.add_scalar("train/lr", lr, state.step)
-            writer.add_scalar("train/grad_norm", grad_norm, state.step)
-        epoch_seconds = time.perf_counter() - epoch_start
-        record: dict[str, Any] = {
-            "epoch": epoch, "step": state.step, "loss": float(np.mean(losses)), "lr": lr,
-            "epoch_seconds": round(epoch_seconds, 3), "sequences_per_second": round(n_sequences / epoch_seconds, 1),
-            "peak_memory_mb": _peak_memory_mb(device),
-        }
+        if state.bad_evals >= config.train.patience:  # a resumed run that had already stopped early
+            break
+        record = run_epoch(model, windows, optimizer, config, ctx, state, writer, total_steps, epoch,
+                           progress=progress)
         if epoch % config.train.eval_every == 0 or epoch == config.train.epochs:
             model.eval()
             metrics = validate(model)
@@ -234,6 +225,41 @@ def fit(
         seconds_to_best=state.seconds_to_best, seconds=state.seconds,
         sequences_per_second=round(total_sequences / max(1e-9, train_seconds), 1),
     )
+
+
+def run_epoch(
+    model: Retriever, windows: Tensor, optimizer: torch.optim.Optimizer, config: RunConfig, ctx: LossContext,
+    state: TrainState, writer: Any, total_steps: int, epoch: int, *, progress: bool = True,
+) -> dict[str, Any]:
+    """One pass over the shuffled windows; returns the epoch's record (loss, lr, speed, memory)."""
+    model.train()
+    assert ctx.generator is not None
+    device = windows.device
+    steps = -(-len(windows) // config.train.batch_size)
+    epoch_start = time.perf_counter()
+    losses: list[float] = []
+    n_sequences = 0
+    lr = lr_at(state.step, total_steps, config)
+    bar = tqdm(batches(windows, config.train.batch_size, ctx.generator), total=steps, desc=f"epoch {epoch}",
+               unit="batch", disable=not progress or None, leave=False)
+    for batch in bar:
+        lr = lr_at(state.step, total_steps, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, grad_norm = train_step(model, batch, optimizer, config, ctx)
+        losses.append(loss)
+        n_sequences += len(batch)
+        state.step += 1
+        bar.set_postfix(loss=f"{loss:.4f}", seq_s=f"{n_sequences / max(1e-9, time.perf_counter() - epoch_start):.0f}")
+        writer.add_scalar("train/loss", loss, state.step)
+        writer.add_scalar("train/lr", lr, state.step)
+        writer.add_scalar("train/grad_norm", grad_norm, state.step)
+    seconds = time.perf_counter() - epoch_start
+    return {
+        "epoch": epoch, "step": state.step, "loss": float(np.mean(losses)), "lr": lr,
+        "epoch_seconds": round(seconds, 3), "sequences_per_second": round(n_sequences / seconds, 1),
+        "peak_memory_mb": _peak_memory_mb(device),
+    }
 
 
 @dataclass
@@ -291,6 +317,17 @@ def load_checkpoint(
     log.info("resumed from %s at epoch %d (best %s %.4f at epoch %d)", path, state.epoch, SELECTION_METRIC,
              state.best_metric, state.best_epoch)
     return state
+
+
+@contextlib.contextmanager
+def _exclusive(run_dir: Path) -> Iterator[None]:
+    """One training process per run folder; the OS drops the lock when the process dies, even by kill -9."""
+    with (run_dir / ".lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{run_dir} is in use by another training process") from None
+        yield
 
 
 def load_weights(path: Path, model: Retriever) -> Retriever:

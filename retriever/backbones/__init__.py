@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from torch import Tensor, nn
 
+from retriever.backbones.sasrec import SASRec, SASRecConfig
 from retriever.backbones.transformer import Transformer, TransformerConfig
 
 
@@ -26,6 +27,7 @@ class SequenceEncoder(Protocol):
 
 BACKBONES: dict[str, tuple[type, type[nn.Module]]] = {
     "transformer": (TransformerConfig, Transformer),
+    "sasrec": (SASRecConfig, SASRec),
 }
 
 

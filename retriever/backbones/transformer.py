@@ -41,13 +41,20 @@ class Transformer(nn.Module):
 
     def forward(self, item_ids: Tensor) -> Tensor:
         """(B, T) item ids, 0 = padding -> (B, T, D) hidden states."""
+        return self._run(item_ids, last_only=False)
+
+    def encode_last(self, item_ids: Tensor) -> Tensor:
+        """(B, T) -> (B, D): the last position only; the final block skips the other positions' queries."""
+        return self._run(item_ids, last_only=True)[:, -1]
+
+    def _run(self, item_ids: Tensor, *, last_only: bool) -> Tensor:
         T = item_ids.shape[1]
         head_dim = self.config.d_model // self.config.n_heads
         rope = rope_tables(T, head_dim, base=self.config.rope_base, device=item_ids.device)
         mask = attention_mask(item_ids, causal=True)
         x = self.emb_dropout(self.item_emb(item_ids))  # (B, T, D)
-        for block in self.blocks:
-            x = block(x, mask, rope)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, rope, last_only=last_only and i == len(self.blocks) - 1)
         return self.norm(x)
 
     def item_embeddings(self) -> Tensor:

@@ -50,3 +50,12 @@ def test_extra_left_padding_does_not_change_the_user_vector(name: str) -> None:
 def test_unknown_option_is_a_clear_error(name: str) -> None:
     with pytest.raises(ValueError, match="unknown option"):
         backbone_config(name, N_ITEMS, {"d_modle": 16})
+
+
+def test_user_vector_shortcut_matches_the_full_forward(name: str) -> None:
+    encoder = _encoder(name)
+    ids = torch.randint(0, N_ITEMS + 1, (4, 9))
+    ids[:, -1] = torch.randint(1, N_ITEMS + 1, (4,))
+    model = Retriever(encoder)
+    full = torch.nn.functional.normalize(encoder(ids)[:, -1], dim=-1)
+    assert torch.allclose(model.user_vectors(ids), full, atol=1e-5)

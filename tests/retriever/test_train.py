@@ -93,3 +93,17 @@ def test_same_seed_same_result_and_resume_continues(tmp_path: Path) -> None:
             progress=False)
     assert [r["epoch"] for r in c.history] == [1, 2, 3, 4]
     assert np.allclose([r["loss"] for r in c.history], [r["loss"] for r in a.history], rtol=1e-5)
+
+
+def test_a_second_process_cannot_train_into_the_same_folder(tmp_path: Path) -> None:
+    import fcntl
+
+    from retriever.config import ConfigError
+
+    split = leave_one_out(_cycle_sequences(n_users=20))
+    tmp_path.mkdir(exist_ok=True)
+    with (tmp_path / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held as another process would hold it
+        with pytest.raises(ConfigError, match="in use by another training process"):
+            fit(config_from_dict(TINY), split.train.offsets, split.train.items, 30, _validate_fn(split, 30),
+                tmp_path, progress=False)

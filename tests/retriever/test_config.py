@@ -1,0 +1,65 @@
+from pathlib import Path
+
+import pytest
+
+from retriever.config import ConfigError, apply_overrides, config_from_dict, load_config, parse_cli_overrides
+
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*/*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.name}" for p in CONFIGS])
+def test_every_committed_config_loads_and_builds(path: Path) -> None:
+    config = load_config(path)
+    model = config.build(n_items=10)
+    assert config.max_len(10) >= 1
+    assert model.temperature == config.model.temperature
+
+
+def test_committed_configs_exist_for_the_reference_datasets() -> None:
+    names = {f"{p.parent.name}/{p.name}" for p in CONFIGS}
+    assert {"ml-100k/transformer.yaml", "beauty/transformer.yaml", "ml-1m/transformer.yaml",
+            "ml-20m/transformer.yaml"} <= names
+
+
+def test_seed_002_settings_for_movielens() -> None:
+    for name in ("ml-1m", "ml-20m"):
+        config = load_config(Path(__file__).parents[2] / "configs" / name / "transformer.yaml")
+        params = config.model.backbone_params()
+        assert (params["d_model"], params["n_layers"], params["n_heads"], params["dropout"]) == (256, 4, 8, 0.1)
+        assert config.model.temperature == 0.05
+        assert config.train.betas == (0.9, 0.98)
+        assert config.train.weight_decay == 0.0
+        assert config.loss.name == "infonce"
+
+
+def test_overrides_are_typed_and_nested() -> None:
+    raw = apply_overrides({"train": {"lr": 1.0}}, ["train.lr=3e-4", "model.d_model=32", "loss.logq=true"])
+    assert raw == {"train": {"lr": 3e-4}, "model": {"d_model": 32}, "loss": {"logq": True}}
+    assert parse_cli_overrides(["--train.lr", "3e-4", "--model.d_model=32"]) == ["train.lr=3e-4", "model.d_model=32"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--lr", "1"], "unrecognised argument"),
+        (["--train.lr"], "needs a value"),
+    ],
+)
+def test_bad_cli_overrides(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_cli_overrides(overrides)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"train": {"lr": 0}}, "train.lr"),
+        ({"train": {"typo": 1}}, "train.typo"),
+        ({"model": {"backbone": "nope"}}, "unknown backbone"),
+        ({"model": {"d_modle": 8}}, "d_modle"),
+        ({"loss": {"name": "hinge"}}, "loss.name"),
+    ],
+)
+def test_bad_configs_name_the_key(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(raw)
