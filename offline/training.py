@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from offline.datasets.prepared import PreparedDataset
 from offline.evaluate import EVAL_KS, evaluate_splits, index_target_ranks, summarize
 from offline.split import LeaveOneOut, Split
 from retriever.artifact import RetrieverArtifact, load_artifact, write_artifact
-from retriever.config import RunConfig
+from retriever.config import RunConfig, config_from_dict
 from retriever.index import IndexSpec
 from retriever.model import Retriever
 from retriever.train import fit
@@ -32,6 +33,27 @@ def dataset_fingerprint(data: PreparedDataset) -> dict[str, Any]:
         "users": data.n_users,
         "items": data.n_items,
     }
+
+
+def item_feature_matrix(data: PreparedDataset, column: str) -> tuple[np.ndarray, int]:
+    """(n_items + 1, F) int64 ids of each item's values in ``column`` (a list or scalar column), 0 = none.
+
+    Values are catalogue metadata (brand, category, genre), not interactions, so using every
+    item's is no leak. Returns the matrix and the number of distinct values.
+    """
+    from offline.errors import DataError
+
+    if column not in data.items.column_names:
+        raise DataError(data.path / "items.parquet", f"no column {column!r} for model.item_features; "
+                        f"columns: {', '.join(data.items.column_names)}")
+    values = data.items.column(column).to_pylist()
+    rows = [[str(v) for v in (x if isinstance(x, list) else [x]) if v is not None] for x in values]
+    vocab = {v: i + 1 for i, v in enumerate(sorted({v for r in rows for v in r}))}
+    width = max((len(r) for r in rows), default=0)
+    matrix = np.zeros((data.n_items + 1, max(1, width)), dtype=np.int64)
+    for i, r in enumerate(rows, start=1):
+        matrix[i, : len(r)] = [vocab[v] for v in r]
+    return matrix, len(vocab)
 
 
 def dense_metrics(model: Retriever, split: LeaveOneOut, n_items: int, max_len: int,
@@ -62,6 +84,12 @@ def train_retriever(
     config: RunConfig, data: PreparedDataset, out: Path, *, resume: bool = False, index_spec: IndexSpec | None = None,
 ) -> dict[str, Any]:
     """Fit, evaluate on valid and test, write the artifact to ``out``; returns its manifest."""
+    features = None
+    if config.model.item_features:
+        features, n_features = item_feature_matrix(data, config.model.item_features)
+        raw = config.model_dump(mode="json")
+        raw["model"].update(n_features=n_features, features_per_item=features.shape[1])
+        config = config_from_dict(raw, source="config with item features")
     split = data.split()
     max_len = config.max_len(data.n_items)
     eval_batch = config.train.eval_batch_size
@@ -69,7 +97,8 @@ def train_retriever(
     def validate(model: Retriever) -> dict[str, float]:
         return dense_metrics(model, split, data.n_items, max_len, ("valid",), eval_batch)["valid"]
 
-    result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume)
+    result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume,
+                 item_features=None if features is None else torch.from_numpy(features))
     metrics = dense_metrics(result.model, split, data.n_items, max_len, batch_size=eval_batch)
     training = {
         "best_epoch": result.best_epoch,

@@ -35,6 +35,9 @@ class ModelConfig(BaseModel):
     backbone: str = "transformer"
     similarity: Similarity = "cosine"
     temperature: float = Field(0.05, gt=0)
+    item_features: str | None = Field(
+        None, description="items.parquet column of side features (e.g. attributes, genres) added to item vectors"
+    )
 
     def backbone_params(self) -> dict[str, Any]:
         return dict(self.model_extra or {})

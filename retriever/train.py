@@ -161,11 +161,18 @@ def fit(
     *,
     resume: bool = False,
     progress: bool = True,
+    item_features: Tensor | None = None,
 ) -> FitResult:
-    """Train with early stopping on ``validate(model)[SELECTION_METRIC]``; returns the best model."""
+    """Train with early stopping on ``validate(model)[SELECTION_METRIC]``; returns the best model.
+
+    item_features: (n_items + 1, F) side-feature ids for encoders that take them (config n_features > 0).
+    """
     device = resolve_device(config)
     torch.manual_seed(config.train.seed)
-    model = config.build(n_items).to(device)
+    model = config.build(n_items)
+    if item_features is not None:
+        model.encoder.set_item_features(item_features)  # type: ignore[attr-defined]
+    model = model.to(device)
     max_len = config.max_len(n_items)
     windows = torch.from_numpy(make_windows(train_offsets, train_items, max_len, config.train.windows)).to(device)
     if len(windows) == 0:

@@ -25,13 +25,25 @@ class TransformerConfig:
     emb_dropout: float = 0.1
     ffn_expansion: float = 4.0
     rope_base: float = 10_000.0
+    # Item side features (e.g. brand and categories): the mean of their embeddings is added to
+    # the ID embedding on both the input and the output side. Set by training from the data.
+    n_features: int = 0
+    features_per_item: int = 0
 
 
 class Transformer(nn.Module):
+    item_features: Tensor
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
         self.item_emb = nn.Embedding(config.n_items + 1, config.d_model, padding_idx=0)
+        self.feature_emb = (
+            nn.Embedding(config.n_features + 1, config.d_model, padding_idx=0) if config.n_features else None
+        )
+        # (n_items + 1, features_per_item) feature ids, 0 = none; saved with the weights.
+        self.register_buffer("item_features", torch.zeros(config.n_items + 1, config.features_per_item,
+                                                          dtype=torch.long))
         self.emb_dropout = nn.Dropout(config.emb_dropout)
         self.blocks = nn.ModuleList(
             Block(config.d_model, config.n_heads, config.dropout, config.ffn_expansion) for _ in range(config.n_layers)
@@ -52,14 +64,29 @@ class Transformer(nn.Module):
         head_dim = self.config.d_model // self.config.n_heads
         rope = rope_tables(T, head_dim, base=self.config.rope_base, device=item_ids.device)
         mask = attention_mask(item_ids, causal=True)
-        x = self.emb_dropout(self.item_emb(item_ids))  # (B, T, D)
+        x = self.emb_dropout(self.item_embeddings()[item_ids])  # (B, T, D)
         for i, block in enumerate(self.blocks):
             x = block(x, mask, rope, last_only=last_only and i == len(self.blocks) - 1)
         return self.norm(x)
 
     def item_embeddings(self) -> Tensor:
         """(n_items + 1, D) output table, shared with the input (row 0 = padding)."""
-        return self.item_emb.weight
+        if self.feature_emb is None:
+            return self.item_emb.weight
+        features = self.item_features
+        counts = (features != 0).sum(1, keepdim=True).clamp(min=1)  # (n_items + 1, 1)
+        side = self.feature_emb(features).sum(1) / counts  # (n_items + 1, D)
+        side = side * (torch.arange(len(side), device=side.device) != 0).unsqueeze(1)  # padding stays zero
+        return self.item_emb.weight + side
+
+    def set_item_features(self, features: Tensor) -> None:
+        """features: (n_items + 1, features_per_item) ids in [0, n_features], 0 = none."""
+        expected = tuple(self.item_features.shape)
+        if tuple(features.shape) != expected:
+            raise ValueError(f"item features must be shaped {expected}, got {tuple(features.shape)}")
+        if len(features) and (int(features.min()) < 0 or int(features.max()) > self.config.n_features):
+            raise ValueError(f"feature ids must lie in [0, {self.config.n_features}]")
+        self.item_features.copy_(features)
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from offline.cli import main
 
@@ -96,3 +97,26 @@ def test_evaluate_refuses_an_artifact_from_another_catalogue(artifact: Path, tmp
     capsys.readouterr()
     assert main(["evaluate", "--artifact", str(artifact), "--data", str(other)]) == 1
     assert "different item catalogue" in capsys.readouterr().err
+
+
+def test_item_features_from_a_metadata_column(prepared: Path, tmp_path: Path) -> None:
+    from offline.datasets.prepared import load_prepared
+    from offline.training import item_feature_matrix
+    from retriever.artifact import load_artifact
+
+    data = load_prepared(prepared)
+    matrix, n_features = item_feature_matrix(data, "genres")
+    genres = data.items.column("genres").to_pylist()
+    assert matrix.shape[0] == data.n_items + 1
+    assert not matrix[0].any()
+    assert n_features == len({g for row in genres for g in row})
+    assert [int((row != 0).sum()) for row in matrix[1:]] == [len(row) for row in genres]
+
+    out = tmp_path / "with-features"
+    assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "--train.epochs", "1",
+                 "--model.item_features", "genres", "-q"]) == 0
+    artifact = load_artifact(out)
+    assert artifact.config.model.backbone_params()["n_features"] == n_features
+    assert torch.equal(artifact.model.encoder.item_features, torch.from_numpy(matrix))  # type: ignore[attr-defined]
+    assert main(["train", "--data", str(prepared), "--out", str(tmp_path / "bad"), *TINY,
+                 "--model.item_features", "colour", "-q"]) == 1

@@ -59,3 +59,25 @@ def test_user_vector_shortcut_matches_the_full_forward(name: str) -> None:
     model = Retriever(encoder)
     full = torch.nn.functional.normalize(encoder(ids)[:, -1], dim=-1)
     assert torch.allclose(model.user_vectors(ids), full, atol=1e-5)
+
+
+def test_item_features_are_added_to_both_sides() -> None:
+    from retriever.backbones.transformer import Transformer, TransformerConfig
+
+    config = TransformerConfig(n_items=4, max_len=5, d_model=8, n_layers=1, n_heads=2, n_features=3,
+                               features_per_item=2)
+    encoder = Transformer(config).eval()
+    encoder.set_item_features(torch.tensor([[0, 0], [1, 2], [1, 2], [3, 0], [0, 0]]))
+    with torch.no_grad():
+        encoder.item_emb.weight.zero_()
+    table = encoder.item_embeddings()
+    features = encoder.feature_emb.weight  # type: ignore[union-attr]
+    assert torch.allclose(table[1], (features[1] + features[2]) / 2)
+    assert torch.allclose(table[1], table[2])  # same features, no ID signal: same vector
+    assert torch.allclose(table[3], features[3])
+    assert torch.equal(table[0], torch.zeros(8))
+    assert torch.equal(table[4], torch.zeros(8))  # an item without features keeps its ID embedding alone
+    with pytest.raises(ValueError, match="shaped"):
+        encoder.set_item_features(torch.zeros(5, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="feature ids"):
+        encoder.set_item_features(torch.full((5, 2), 4))
