@@ -174,6 +174,8 @@ def _run_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     if (args.out / "manifest.json").exists() and not args.resume:
         raise SeqrecError(f"{args.out} already holds an artifact; choose a new --out")
+    if (args.out / "run" / "last.pt").exists() and not args.resume:
+        raise SeqrecError(f"{args.out} holds an unfinished run; add --resume to continue it, or choose a new --out")
     data = load_prepared(args.data)
     manifest = train_retriever(config, data, args.out, resume=args.resume, index_spec=IndexSpec(kind=args.index))
     summary = {"artifact": str(args.out), "version": manifest["version"], "training": manifest["training"],

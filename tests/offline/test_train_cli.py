@@ -75,6 +75,11 @@ def test_training_refuses_to_overwrite_and_reports_bad_config(artifact: Path, pr
     capsys.readouterr()
     assert main(["train", "--data", str(prepared), "--out", str(artifact)]) == 1
     assert "already holds an artifact" in capsys.readouterr().err
+    unfinished = tmp_path / "unfinished"
+    (unfinished / "run").mkdir(parents=True)
+    (unfinished / "run" / "last.pt").write_bytes(b"")
+    assert main(["train", "--data", str(prepared), "--out", str(unfinished)]) == 1
+    assert "add --resume" in capsys.readouterr().err
     assert main(["train", "--data", str(prepared), "--out", str(tmp_path / "x"), "--train.lr", "-1"]) == 1
     assert "train.lr" in capsys.readouterr().err
     assert main(["train", "--data", str(prepared), "--out", str(tmp_path / "x"), "--model.d_modle", "8"]) == 1
