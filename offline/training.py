@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from offline.datasets.prepared import PreparedDataset
+from offline.errors import DataError, SeqrecError
 from offline.evaluate import EVAL_KS, evaluate_splits, index_target_ranks, summarize
 from offline.split import LeaveOneOut, Split
 from retriever.artifact import RetrieverArtifact, load_artifact, write_artifact
@@ -41,8 +42,6 @@ def item_feature_matrix(data: PreparedDataset, column: str) -> tuple[np.ndarray,
     Values are catalogue metadata (brand, category, genre), not interactions, so using every
     item's is no leak. Returns the matrix and the number of distinct values.
     """
-    from offline.errors import DataError
-
     if column not in data.items.column_names:
         raise DataError(data.path / "items.parquet", f"no column {column!r} for model.item_features; "
                         f"columns: {', '.join(data.items.column_names)}")
@@ -119,8 +118,6 @@ def train_retriever(
 
 def check_catalogue(artifact: RetrieverArtifact, data: PreparedDataset) -> None:
     """The artifact's internal ids must mean the same items as the data's."""
-    from offline.errors import SeqrecError
-
     if artifact.n_items != data.n_items or not np.array_equal(artifact.item_ids, data.item_ids[1:].astype(str)):
         raise SeqrecError(
             f"{artifact.path} was trained on a different item catalogue ({artifact.n_items} items) than "

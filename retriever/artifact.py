@@ -14,9 +14,7 @@ whose manifest is present and whose checksums match is complete.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from retriever.atomic import atomic_write, sha256_file, write_jsonl
 from retriever.config import RunConfig, config_from_dict
 from retriever.errors import RetrieverError
 from retriever.index import IndexSpec, build_index, load_index, normalize, save_index
@@ -87,14 +86,15 @@ def write_artifact(
     out.mkdir(parents=True, exist_ok=True)
     n_items = len(item_ids)
     spec = index_spec or IndexSpec()
-    _atomic(out / CONFIG, lambda p: p.write_text(json.dumps(config.model_dump(mode="json"), indent=2)))
+    atomic_write(out / CONFIG, lambda p: p.write_text(json.dumps(config.model_dump(mode="json"), indent=2)))
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    _atomic(out / WEIGHTS, lambda p: torch.save(state, p))
-    _atomic(out / ITEM_IDS, lambda p: _save_npy(p, np.asarray(item_ids, dtype=str)))
-    save_index(build_index(item_matrix(model), spec), out / INDEX)
+    atomic_write(out / WEIGHTS, lambda p: torch.save(state, p))
+    atomic_write(out / ITEM_IDS, lambda p: _save_npy(p, np.asarray(item_ids, dtype=str)))
+    vectors = item_matrix(model)
+    save_index(build_index(vectors, spec), out / INDEX)
     files = [CONFIG, WEIGHTS, ITEM_IDS, INDEX]
     if history is not None:
-        _atomic(out / HISTORY, lambda p: p.write_text("".join(json.dumps(r) + "\n" for r in history)))
+        write_jsonl(out / HISTORY, history)
         files.append(HISTORY)
     created = datetime.now(UTC)
     digest = {name: sha256_file(out / name) for name in files}
@@ -104,7 +104,7 @@ def write_artifact(
         "created_at": created.isoformat(timespec="seconds"),
         "git_sha": _git_sha(),
         "backbone": config.model.backbone,
-        "dim": int(item_matrix(model).shape[1]),
+        "dim": int(vectors.shape[1]),
         "n_items": n_items,
         "max_len": config.max_len(n_items),
         "dataset": dict(dataset or {}),
@@ -113,7 +113,7 @@ def write_artifact(
         **dict(extra or {}),
         "sha256": digest,
     }
-    _atomic(out / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+    atomic_write(out / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
     return manifest
 
 
@@ -124,7 +124,7 @@ def rewrite_index(path: Path, spec: IndexSpec) -> dict[str, Any]:
     manifest = dict(artifact.manifest)
     manifest["index"] = spec.to_dict()
     manifest["sha256"] = {**manifest["sha256"], INDEX: sha256_file(path / INDEX)}
-    _atomic(path / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+    atomic_write(path / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
     return manifest
 
 
@@ -178,10 +178,6 @@ def verify_checksums(path: Path, manifest: Mapping[str, Any]) -> None:
             raise ArtifactError(file, "checksum does not match the manifest (changed, truncated or corrupt)")
 
 
-def sha256_file(path: Path) -> str:
-    with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     if not path.is_dir():
@@ -195,15 +191,6 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(path / MANIFEST, f"not a {FORMAT} manifest")
     return manifest
-
-
-def _atomic(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

@@ -16,7 +16,6 @@ import fcntl
 import json
 import logging
 import math
-import os
 import resource
 import sys
 import time
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from retriever.atomic import atomic_write, write_jsonl
 from retriever.config import ConfigError, RunConfig
 from retriever.losses import LossContext, compute_loss, item_log_prob
 from retriever.model import Retriever
@@ -294,8 +294,7 @@ def save_checkpoint(
     run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator,
     state: TrainState, config: RunConfig,
 ) -> None:
-    history = run_dir / "history.jsonl"
-    _atomic_write_text(history, "".join(json.dumps(r) + "\n" for r in state.history))
+    write_jsonl(run_dir / "history.jsonl", state.history)
     state.epoch = state.history[-1]["epoch"] if state.history else state.epoch
     atomic_torch_save({
         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -343,15 +342,7 @@ def load_weights(path: Path, model: Retriever) -> Retriever:
 
 
 def atomic_torch_save(obj: object, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, lambda p: torch.save(obj, p))
 
 
 def _peak_memory_mb(device: torch.device) -> float:
