@@ -126,15 +126,28 @@ def resolve_device(config: RunConfig) -> torch.device:
 def train_step(
     model: Retriever, batch: Tensor, optimizer: torch.optim.Optimizer, config: RunConfig, ctx: LossContext
 ) -> tuple[float, float]:
-    """One optimiser step on a (B, T + 1) window batch; returns (loss, grad norm)."""
-    inputs, targets = batch[:, :-1], batch[:, 1:]
-    trained = (inputs != 0) & (targets != 0)  # the first item of a window has no history to predict it from
+    """One optimiser step on a (B, T + 1) window batch; returns (loss, grad norm).
+
+    Two optional encoder hooks keep model-specific objectives out of this loop:
+    ``training_inputs(batch, generator) -> (inputs, targets, trained mask)`` replaces the
+    next-item shift (BERT4Rec's cloze masking), and ``auxiliary_loss()`` returns a term
+    added to the loss after the forward pass (a ponder cost, for instance).
+    """
+    prepare = getattr(model.encoder, "training_inputs", None)
+    if prepare is not None:
+        inputs, targets, trained = prepare(batch, ctx.generator)
+    else:
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        trained = (inputs != 0) & (targets != 0)  # the first item of a window has no history to predict it from
     with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
         hidden = model.hidden(inputs)  # (B, T, D)
     loss = compute_loss(
         config.loss.name, hidden[trained].float(), targets[trained], model.encoder.item_embeddings(), ctx,
         logq=config.loss.logq, n_uniform=config.loss.n_uniform, n_negatives=config.loss.n_negatives,
     )
+    auxiliary = getattr(model.encoder, "auxiliary_loss", None)
+    if auxiliary is not None:
+        loss = loss + auxiliary()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     clip = config.train.grad_clip if config.train.grad_clip is not None else math.inf
