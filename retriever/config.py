@@ -65,6 +65,9 @@ class TrainConfig(BaseModel):
     epochs: int = Field(200, ge=1, description="upper bound; early stopping usually ends sooner")
     eval_every: int = Field(1, ge=1, description="epochs between validation runs")
     patience: int = Field(10, ge=1, description="validation runs without improvement before stopping")
+    budget_minutes: float | None = Field(
+        None, gt=0, description="wall-clock cap: stop after the epoch that crosses it, keep the best epoch"
+    )
     windows: Literal["all", "last"] = Field(
         "all", description="all: cut long sequences into max_len windows; last: only the most recent one"
     )

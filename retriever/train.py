@@ -218,11 +218,12 @@ def _fit_locked(
              steps_per_epoch, device)
     started = time.perf_counter() - state.seconds
     for epoch in range(state.epoch + 1, config.train.epochs + 1):
-        if state.bad_evals >= config.train.patience:  # a resumed run that had already stopped early
+        if state.bad_evals >= config.train.patience or out_of_time(config, state.seconds):  # a resumed, ended run
             break
         record = run_epoch(model, windows, optimizer, config, ctx, state, writer, total_steps, epoch,
                            progress=progress)
-        if epoch % config.train.eval_every == 0 or epoch == config.train.epochs:
+        last_epoch = epoch == config.train.epochs or out_of_time(config, time.perf_counter() - started)
+        if epoch % config.train.eval_every == 0 or last_epoch:
             model.eval()
             metrics = validate(model)
             record["valid"] = metrics
@@ -235,6 +236,9 @@ def _fit_locked(
             log.info("early stop at epoch %d: no %s gain for %d validations", epoch, SELECTION_METRIC,
                      config.train.patience)
             break
+        if last_epoch and epoch < config.train.epochs:
+            log.info("time budget of %g min used up at epoch %d", config.train.budget_minutes, epoch)
+            break
     writer.close()
     best = load_weights(run_dir / "best.pt", model) if (run_dir / "best.pt").exists() else model
     best.eval()
@@ -245,6 +249,12 @@ def _fit_locked(
         seconds_to_best=state.seconds_to_best, seconds=state.seconds,
         sequences_per_second=round(total_sequences / max(1e-9, train_seconds), 1),
     )
+
+
+def out_of_time(config: RunConfig, elapsed_seconds: float) -> bool:
+    """Whether the run's wall-clock budget (train.budget_minutes; resumed time included) is spent."""
+    budget = config.train.budget_minutes
+    return budget is not None and elapsed_seconds >= 60 * budget
 
 
 def run_epoch(
