@@ -115,6 +115,13 @@ def _add_evaluate(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
     p.add_argument("--ks", default="1,5,10,20,50", help="cut-offs, comma separated")
     p.add_argument("--batch-size", type=int, default=None, help="users per batch (default: by memory)")
     p.add_argument("--no-index", action="store_true", help="skip the FAISS-index evaluation")
+    p.add_argument("--stage", choices=["auto", "retriever", "two-stage"], default="auto",
+                   help="with --artifact: the whole bundle (two-stage when it holds a ranker; the default) or the "
+                   "retriever alone")
+    p.add_argument("--depth", type=int, default=None,
+                   help="two-stage: retriever candidates per user (default: the ranker's mining depth)")
+    p.add_argument("--mask-ids", action="store_true",
+                   help="two-stage: score every candidate as an unknown item (cold-start simulation)")
     p.set_defaults(handler=_run_evaluate)
 
 
@@ -124,6 +131,15 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 
     ks = _parse_ks(args.ks)
     data = load_prepared(args.data)
+    if args.artifact is not None and args.stage != "retriever":
+        from offline.ranking import evaluate_bundle
+        from ranker.artifact import FOLDER
+
+        if args.stage == "two-stage" or (args.artifact / FOLDER).exists():
+            result = evaluate_bundle(args.artifact, data, stage="two-stage", depth=args.depth,
+                                     mask_ids=args.mask_ids, ks=ks)
+            print(json.dumps({"data": str(args.data), **result}, indent=2))
+            return 0
     if args.artifact is not None:
         from offline.training import evaluate_artifact
 
@@ -212,6 +228,95 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_mine(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "mine", parents=[common], help="mine hard negatives from a retriever for the ranker",
+        description="For each user's last --per-user training targets (training positions only) and for the "
+        "validation and test targets, retrieve the top --depth items for the history before the target "
+        "(history excluded) from the artifact's index. Writes OUT/{train,valid,test}.npz and OUT/mined.json "
+        "with the retriever's recall@depth per split, the ceiling of the two-stage system.",
+    )
+    p.add_argument("--artifact", type=Path, required=True, help="retriever artifact (bundle) folder")
+    p.add_argument("--data", type=Path, required=True, help="prepared folder the artifact was trained on")
+    p.add_argument("--out", type=Path, required=True, help="folder for the mined groups")
+    p.add_argument("--depth", type=int, default=100, help="candidates per group (N)")
+    p.add_argument("--per-user", type=int, default=3, help="training targets per user (the most recent ones)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads")
+    p.set_defaults(handler=_run_mine)
+
+
+def _run_mine(args: argparse.Namespace) -> int:
+    from offline.datasets.prepared import load_prepared
+    from offline.ranking import mine_splits, save_mined
+    from retriever.artifact import load_artifact
+
+    _threads(args.threads)
+    data = load_prepared(args.data)
+    artifact = load_artifact(args.artifact)
+    from offline.training import check_catalogue
+
+    check_catalogue(artifact, data)
+    mined = mine_splits(artifact, data, depth=args.depth, per_user=args.per_user)
+    print(json.dumps({"out": str(args.out), **save_mined(mined, args.out, artifact, args.per_user)}, indent=2))
+    return 0
+
+
+def _add_train_ranker(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "train-ranker", parents=[common], help="train the second stage on hard negatives and add it to the bundle",
+        description="Mine hard negatives from the bundle's retriever (or reuse `seqrec mine` output), train an "
+        "MLP (ID dropout, metadata) or LightGBM LambdaRank ranker on training positions, early-stop on "
+        "validation NDCG@10 of the two-stage system, and write BUNDLE/ranker/ with its feature spec and the "
+        "retriever version it was mined from.",
+    )
+    p.add_argument("--artifact", type=Path, required=True, help="bundle folder (from `seqrec train`)")
+    p.add_argument("--data", type=Path, required=True, help="prepared folder the bundle was trained on")
+    p.add_argument("--kind", choices=["mlp", "lgbm"], default="lgbm", help="ranker type")
+    p.add_argument("--mined", type=Path, default=None, help="reuse `seqrec mine` output instead of mining")
+    p.add_argument("--depth", type=int, default=100, help="candidates per group when mining (N)")
+    p.add_argument("--per-user", type=int, default=3, help="training targets per user when mining")
+    m = p.add_argument_group("MLP ranker")
+    m.add_argument("--loss", choices=["listwise", "bce"], default="listwise", help="loss over each candidate group")
+    m.add_argument("--id-dropout", type=float, default=0.3, help="probability of replacing an item's ID embedding")
+    m.add_argument("--epochs", type=int, default=30)
+    m.add_argument("--lr", type=float, default=1e-3)
+    m.add_argument("--seed", type=int, default=42)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads")
+    p.set_defaults(handler=_run_train_ranker)
+
+
+def _run_train_ranker(args: argparse.Namespace) -> int:
+    from offline.datasets.prepared import load_prepared
+    from offline.ranking import train_ranker
+
+    _threads(args.threads)
+    if not 0.0 <= args.id_dropout < 1.0:
+        raise SeqrecError(f"--id-dropout must be in [0, 1), got {args.id_dropout}")
+    data = load_prepared(args.data)
+    mlp = {"loss": args.loss, "id_dropout": args.id_dropout, "epochs": args.epochs, "lr": args.lr, "seed": args.seed}
+    manifest = train_ranker(args.artifact, data, kind=args.kind, depth=args.depth, per_user=args.per_user,
+                            mined_dir=args.mined, mlp=mlp, lgbm={"seed": args.seed})
+    summary = {"artifact": str(args.artifact), "kind": manifest["kind"], "mining": manifest["mining"],
+               "training_seconds": manifest["training"]["seconds"], **manifest["metrics"]}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _threads(n: int | None) -> None:
+    if n is not None:
+        if n < 1:
+            raise SeqrecError(f"--threads must be >= 1, got {n}")
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def _add_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from offline.bench import add_bench_parser  # light at import: torch loads only when a bench runs
+
+    add_bench_parser(sub, common)
+
+
 def _parse_ks(text: str) -> tuple[int, ...]:
     try:
         ks = tuple(int(k) for k in text.split(","))
@@ -222,7 +327,7 @@ def _parse_ks(text: str) -> tuple[int, ...]:
     return ks
 
 
-COMMANDS = (_add_prepare, _add_train, _add_export, _add_evaluate)
+COMMANDS = (_add_prepare, _add_train, _add_export, _add_evaluate, _add_mine, _add_train_ranker, _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

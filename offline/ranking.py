@@ -1,0 +1,212 @@
+"""`seqrec mine`, `seqrec train-ranker` and the two-stage `seqrec evaluate`.
+
+Training groups come from training positions only (`ranker.mining.training_groups` on the
+split's training sequences); the validation target's group selects the ranker's epoch or
+boosting round; the test target's group is scored once, for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from offline.datasets.prepared import PreparedDataset
+from offline.errors import SeqrecError
+from offline.evaluate import EVAL_KS, summarize
+from offline.split import LeaveOneOut
+from offline.training import check_catalogue, item_feature_matrix
+from ranker.artifact import Ranker, load_ranker, unit_item_vectors, write_ranker
+from ranker.features import ItemTables
+from ranker.mining import Encoder, Mined, mine, training_groups
+from ranker.train import (
+    FeatureSource,
+    Groups,
+    config_for,
+    fit_lgbm_ranker,
+    fit_mlp,
+    group_ranks,
+    make_groups,
+    retriever_ranks,
+)
+from retriever.artifact import RetrieverArtifact, load_artifact
+from retriever.atomic import atomic_write
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+META_COLUMNS = ("genres", "attributes")
+
+
+def item_tables(data: PreparedDataset, split: LeaveOneOut) -> ItemTables:
+    """Popularity and known flags from training positions; metadata and years from the catalogue."""
+    columns = data.items.column_names
+    meta = next((item_feature_matrix(data, c)[0] for c in META_COLUMNS if c in columns), None)
+    years = None
+    if "year" in columns:
+        years = np.array([np.nan, *[np.nan if y is None else y for y in data.items.column("year").to_pylist()]],
+                         dtype=np.float64)
+    return ItemTables.build(split.train.items, data.n_items, meta, years)
+
+
+def user_encoder(artifact: RetrieverArtifact) -> Encoder:
+    model = artifact.model
+
+    def encode(history: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(model.user_vectors(history).float(), dim=-1)
+
+    return encode
+
+
+def split_sources(split: LeaveOneOut) -> dict[str, np.ndarray]:
+    """The flat item array each split's histories are slices of."""
+    return {"train": split.train.items, "valid": split.train.items, "test": split.inputs("test").items}
+
+
+def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, *, depth: int = 100, per_user: int = 3,
+                batch_size: int = 512) -> dict[str, Mined]:
+    if artifact.index is None:
+        raise SeqrecError(f"{artifact.path}: mining needs the artifact's index")
+    if depth < 10:
+        raise SeqrecError(f"--depth must be at least 10 (the metrics' cut-off), got {depth}")
+    split = data.split()
+    encode = user_encoder(artifact)
+    train_start, train_target_pos = training_groups(split.train.offsets, per_user)
+    test_inputs = split.inputs("test")
+    plans = {
+        "train": (split.train.items, train_start, train_target_pos, split.train.items[train_target_pos]),
+        "valid": (split.train.items, split.train.offsets[:-1], split.train.offsets[1:], split.valid_targets),
+        "test": (test_inputs.items, test_inputs.offsets[:-1], test_inputs.offsets[1:], split.test_targets),
+    }
+    out = {}
+    for name, (items, start, end, target) in plans.items():
+        out[name] = mine(encode, artifact.index, items, start, end, target, depth=depth, max_len=artifact.max_len,
+                         batch_size=batch_size, desc=f"mine {name}")
+        log.info("mined %s: %d groups, retriever recall@%d %.4f", name, len(out[name]), depth, out[name].recall())
+    return out
+
+
+def save_mined(mined: dict[str, Mined], out: Path, artifact: RetrieverArtifact, per_user: int) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, groups in mined.items():
+        atomic_write(out / f"{name}.npz", groups.save)
+    depth = next(iter(mined.values())).depth
+    info = {"retriever_version": artifact.manifest["version"], "depth": depth, "per_user": per_user,
+            "groups": {n: len(g) for n, g in mined.items()},
+            f"recall@{depth}": {n: round(g.recall(), 6) for n, g in mined.items()}}
+    atomic_write(out / "mined.json", lambda p: p.write_text(json.dumps(info, indent=2)))
+    return info
+
+
+def load_mined(folder: Path, artifact: RetrieverArtifact) -> tuple[dict[str, Mined], dict[str, Any]]:
+    try:
+        info = json.loads((folder / "mined.json").read_text())
+    except (OSError, ValueError) as err:
+        raise SeqrecError(f"{folder}: not a `seqrec mine` output ({err})") from None
+    if info.get("retriever_version") != artifact.manifest["version"]:
+        raise SeqrecError(f"{folder} was mined from retriever {info.get('retriever_version')}, not "
+                          f"{artifact.manifest['version']}; mine again")
+    return {name: Mined.load(folder / f"{name}.npz") for name in SPLITS}, info
+
+
+def _prepare(bundle: Path, data: PreparedDataset) -> tuple[RetrieverArtifact, FeatureSource]:
+    artifact = load_artifact(bundle)
+    check_catalogue(artifact, data)
+    return artifact, FeatureSource(item_tables(data, data.split()).torch(),
+                                   unit_item_vectors(artifact.model.item_vectors().detach()))
+
+
+def train_ranker(bundle: Path, data: PreparedDataset, *, kind: str = "lgbm", depth: int = 100, per_user: int = 3,
+                 mined_dir: Path | None = None, mlp: dict[str, Any] | None = None,
+                 lgbm: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Mine (or reuse ``mined_dir``), fit the ranker, evaluate it, write BUNDLE/ranker/."""
+    started = time.perf_counter()
+    artifact, source = _prepare(bundle, data)
+    split = data.split()
+    if mined_dir is not None:
+        mined, _ = load_mined(mined_dir, artifact)
+    else:
+        mined = mine_splits(artifact, data, depth=depth, per_user=per_user)
+    depth = mined["train"].depth
+    sources = split_sources(split)
+    encode = user_encoder(artifact)
+    groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items()}
+    tables = item_tables(data, split)
+    fit_start = time.perf_counter()
+    ranker: Ranker
+    if kind == "mlp":
+        config = config_for(source, int(artifact.manifest["dim"]), data.n_items, **(mlp or {}))
+        ranker, history = fit_mlp(config, source, groups["train"], groups["valid"])
+    elif kind == "lgbm":
+        ranker, history = fit_lgbm_ranker(source, groups["train"], groups["valid"], params=lgbm)
+    else:
+        raise SeqrecError(f"unknown ranker kind {kind!r}; choose mlp or lgbm")
+    fit_seconds = time.perf_counter() - fit_start
+    metrics = _two_stage_metrics(ranker.score, source, groups, data.n_items)
+    if kind == "mlp":
+        masked = _two_stage_metrics(ranker.score, source, groups, data.n_items, mask_ids=True)
+        metrics["ids_masked"] = {s: masked[s] for s in ("valid", "test")}
+    extra = {
+        "mining": {"depth": depth, "per_user": per_user, "groups": {n: len(g) for n, g in mined.items()},
+                   f"recall@{depth}": {n: round(g.recall(), 6) for n, g in mined.items()}},
+        "training": {"seconds": round(fit_seconds, 1), "total_seconds": round(time.perf_counter() - started, 1),
+                     "history": history},
+        "dataset": {"path": str(data.path), "sha256": data.manifest.get("sha256", {})},
+    }
+    return write_ranker(bundle, ranker, tables, retriever_manifest=artifact.manifest, metrics=metrics, extra=extra)
+
+
+def _two_stage_metrics(scorer: Any, source: FeatureSource, groups: dict[str, Groups], n_items: int, *,
+                       mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+    depth = groups["valid"].mined.depth
+    usable = tuple(k for k in ks if k <= depth)
+    out: dict[str, Any] = {}
+    for name in ("valid", "test"):
+        ranks = group_ranks(scorer, source, groups[name], n_items, mask_ids=mask_ids, desc=f"rerank {name}")
+        out[name] = summarize(ranks, usable)
+    return out
+
+
+def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto", depth: int | None = None,
+                    mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+    """Metrics of the whole system the bundle holds: retriever top-N -> ranker -> top-K.
+
+    Full-ranking semantics: a target outside the retriever's top N counts as a miss, so
+    the metrics are comparable with `seqrec evaluate` of the retriever alone.
+    """
+    artifact, source = _prepare(bundle, data)
+    ranker_artifact = load_ranker(bundle, artifact.manifest)
+    if stage == "auto":
+        stage = "two-stage" if ranker_artifact is not None else "retriever"
+    if stage == "two-stage" and ranker_artifact is None:
+        raise SeqrecError(f"{bundle} holds no ranker; train one with `seqrec train-ranker` or use --stage retriever")
+    depth = depth or (int(ranker_artifact.manifest["mining"]["depth"]) if ranker_artifact else 100)
+    split = data.split()
+    encode, sources = user_encoder(artifact), split_sources(split)
+    plans = {"valid": (split.train, split.valid_targets), "test": (split.inputs("test"), split.test_targets)}
+    groups = {}
+    for name, (inputs, target) in plans.items():
+        mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:], target,
+                     depth=depth, max_len=artifact.max_len, desc=f"retrieve {name}")
+        groups[name] = make_groups(mined, sources[name], encode, artifact.max_len)
+    usable = tuple(k for k in ks if k <= depth)
+    result: dict[str, Any] = {"artifact": str(bundle), "version": artifact.manifest["version"], "stage": stage,
+                              "depth": depth, f"recall@{depth}": {n: round(g.mined.recall(), 6)
+                                                                   for n, g in groups.items()}}
+    if stage == "retriever":
+        for name, g in groups.items():
+            result[name] = summarize(retriever_ranks(g, data.n_items), usable)
+        return result
+    assert ranker_artifact is not None
+    source = FeatureSource(ranker_artifact.tables.torch(), source.item_vectors)
+    result["ranker"] = {"kind": ranker_artifact.kind, "ids_masked": mask_ids}
+    for name, g in groups.items():
+        result[name] = summarize(group_ranks(ranker_artifact.ranker.score, source, g, data.n_items,
+                                             mask_ids=mask_ids, desc=f"rerank {name}"), usable)
+    result["retriever"] = {name: summarize(retriever_ranks(g, data.n_items), usable) for name, g in groups.items()}
+    return result

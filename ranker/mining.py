@@ -1,0 +1,136 @@
+"""Hard-negative mining: the retriever's top-N for the history before each target.
+
+A group is one (history, target) pair: the candidates are what the served retriever
+returns for that history (FAISS index, history excluded), label 1 goes to the true next
+item and 0 to the others, the hard negatives. Training groups come from training
+positions only (each user's last few training targets); the validation target's group
+drives the ranker's early stopping and the test target's group is its final evaluation.
+
+Histories are given as slices of one flat item array (``items[start:end]``), so a group
+costs two integers, not a copy of its history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+# (B, T) left-padded histories -> (B, D) unit user vectors for the index.
+Encoder = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Mined:
+    """start/end: each group's history is items[start:end] of the source it was mined from."""
+
+    start: np.ndarray  # (G,) int64
+    end: np.ndarray  # (G,) int64
+    target: np.ndarray  # (G,) internal id
+    candidates: np.ndarray  # (G, N) internal ids, best first; 0 = empty slot
+    scores: np.ndarray  # (G, N) float32 cosine scores; 0 in empty slots
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    @property
+    def depth(self) -> int:
+        return int(self.candidates.shape[1])
+
+    @property
+    def label(self) -> np.ndarray:
+        """(G,) position of the target among the candidates, -1 when the retriever missed it."""
+        hit = self.candidates == self.target[:, None]
+        return np.where(hit.any(1), hit.argmax(1), -1)
+
+    def recall(self) -> float:
+        """Share of groups whose target is among the candidates: the two-stage ceiling."""
+        return float((self.label >= 0).mean()) if len(self) else 0.0
+
+    def subset(self, rows: np.ndarray) -> Mined:
+        return Mined(self.start[rows], self.end[rows], self.target[rows], self.candidates[rows], self.scores[rows])
+
+    def save(self, path: Path) -> None:
+        with path.open("wb") as handle:
+            np.savez(handle, start=self.start, end=self.end, target=self.target, candidates=self.candidates,
+                     scores=self.scores)
+
+    @classmethod
+    def load(cls, path: Path) -> Mined:
+        with np.load(path, allow_pickle=False) as z:
+            return cls(z["start"], z["end"], z["target"], z["candidates"], z["scores"])
+
+
+def training_groups(offsets: np.ndarray, per_user: int, min_history: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(history end, target position) of each user's last ``per_user`` training targets.
+
+    offsets: CSR offsets of training positions only, so no validation or test target can
+    become a training example. A target needs at least ``min_history`` items before it.
+    """
+    starts, ends = offsets[:-1], offsets[1:]
+    target_pos, history_start = [], []
+    for back in range(1, per_user + 1):
+        pos = ends - back  # absolute index of the target
+        ok = pos - starts >= min_history
+        target_pos.append(pos[ok])
+        history_start.append(starts[ok])
+    return np.concatenate(history_start).astype(np.int64), np.concatenate(target_pos).astype(np.int64)
+
+
+def padded_slices(items: np.ndarray, start: np.ndarray, end: np.ndarray, max_len: int | None = None) -> np.ndarray:
+    """(G, T) left-padded items[start:end] per row, keeping the last ``max_len``."""
+    if max_len is not None:
+        start = np.maximum(start, end - max_len)
+    lengths = end - start
+    width = max(int(lengths.max()) if len(lengths) else 0, 1)
+    cols = np.arange(width)
+    shift = width - lengths
+    valid = cols[None, :] >= shift[:, None]
+    source = start[:, None] + cols[None, :] - shift[:, None]
+    out = np.zeros((len(start), width), dtype=np.int64)
+    out[valid] = items[source[valid]]
+    return out
+
+
+def mine(
+    encode: Encoder,
+    index: Any,
+    items: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    target: np.ndarray,
+    *,
+    depth: int,
+    max_len: int,
+    batch_size: int = 512,
+    desc: str = "mine",
+) -> Mined:
+    """Top-``depth`` index candidates for every history items[start:end], history excluded.
+
+    The whole history is excluded (as in evaluation and as the service does with
+    ``exclude_seen``), except the target itself when it is a repeat: full-ranking semantics
+    never exclude the item being predicted. Index row r is internal item r + 1.
+    """
+    from retriever.index import search
+
+    n = len(target)
+    candidates = np.zeros((n, depth), dtype=np.int64)
+    scores = np.zeros((n, depth), dtype=np.float32)
+    order = np.argsort(end - start, kind="stable")  # similar lengths per batch: less padding
+    with torch.inference_mode():
+        for lo in tqdm(range(0, n, batch_size), desc=desc, unit="batch", disable=None, leave=False):
+            rows = order[lo : lo + batch_size]
+            queries = encode(torch.from_numpy(padded_slices(items, start[rows], end[rows], max_len)))
+            exclude = [items[s:e][items[s:e] != t] - 1 for s, e, t in zip(start[rows], end[rows], target[rows],
+                                                                          strict=True)]
+            found_scores, found = search(index, queries.float().cpu().numpy(), depth, exclude=exclude)
+            width = found.shape[1]
+            candidates[rows, :width] = np.where(found >= 0, found + 1, 0)
+            scores[rows, :width] = np.where(found >= 0, found_scores, 0.0)
+    return Mined(start.astype(np.int64), end.astype(np.int64), target.astype(np.int64), candidates, scores)

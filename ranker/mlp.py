@@ -1,0 +1,124 @@
+"""MLP ranker with ID dropout (seed 002's second stage).
+
+Inputs per candidate: the dense features (standardised with statistics fixed at training
+time), the ranker's own item-ID embedding, its product with a projection of the user
+vector, the mean of the candidate's metadata embeddings, a year-bucket embedding, the
+retriever user vector and the element-wise product of user and candidate vectors.
+
+An unknown candidate (``is_unknown`` feature set: never seen in training, or masked)
+gets a learned "unknown" vector instead of its ID embedding. During training each
+candidate is masked with probability ``id_dropout``, so the ranker learns to score items
+from metadata and popularity alone; scoring with every ID masked is the cold-start
+simulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from ranker.features import DENSE_FEATURES, FeatureBatch
+from retriever.atomic import atomic_write
+
+WEIGHTS = "mlp.pt"
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    n_items: int
+    n_meta: int
+    n_year_buckets: int
+    dim: int  # retriever vector size
+    id_dim: int = 32
+    meta_dim: int = 16
+    year_dim: int = 8
+    hidden: tuple[int, ...] = (256, 128)
+    dropout: float = 0.1
+    id_dropout: float = 0.3
+    loss: Literal["listwise", "bce"] = "listwise"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    batch_size: int = 256  # groups per step
+    epochs: int = 30
+    patience: int = 3
+    seed: int = 42
+
+
+class MLPRanker(nn.Module):
+    kind: ClassVar[str] = "mlp"
+    dense_mean: Tensor
+    dense_std: Tensor
+
+    def __init__(self, config: MLPConfig) -> None:
+        super().__init__()
+        self.config = config
+        n_dense = len(DENSE_FEATURES)
+        self.id_emb = nn.Embedding(config.n_items + 1, config.id_dim)
+        self.unknown = nn.Parameter(torch.zeros(config.id_dim))
+        self.meta_emb = nn.Embedding(config.n_meta + 1, config.meta_dim, padding_idx=0)
+        self.year_emb = nn.Embedding(config.n_year_buckets + 1, config.year_dim)
+        self.user_proj = nn.Linear(config.dim, config.id_dim)
+        self.register_buffer("dense_mean", torch.zeros(n_dense))
+        self.register_buffer("dense_std", torch.ones(n_dense))
+        width = n_dense + 2 * config.id_dim + config.meta_dim + config.year_dim + 2 * config.dim
+        layers: list[nn.Module] = []
+        for size in config.hidden:
+            layers += [nn.Linear(width, size), nn.ReLU(), nn.Dropout(config.dropout)]
+            width = size
+        layers.append(nn.Linear(width, 1))
+        self.mlp = nn.Sequential(*layers)
+        nn.init.normal_(self.id_emb.weight, std=0.02)
+        nn.init.normal_(self.meta_emb.weight, std=0.02)
+        nn.init.normal_(self.year_emb.weight, std=0.02)
+
+    def set_scaling(self, mean: Tensor, std: Tensor) -> None:
+        self.dense_mean.copy_(mean)
+        self.dense_std.copy_(std)
+
+    def forward(self, batch: FeatureBatch) -> Tensor:
+        """(B, N) logits; empty candidate slots get -inf."""
+        dense = (batch.dense - self.dense_mean) / self.dense_std  # (B, N, F)
+        ids = self.id_emb(batch.candidates)  # (B, N, id_dim)
+        ids = torch.where(batch.unknown[..., None], self.unknown.expand_as(ids), ids)
+        user = batch.user[:, None, :].expand(-1, ids.shape[1], -1)  # (B, N, D)
+        meta_ids = batch.meta
+        meta = self.meta_emb(meta_ids).sum(-2) / (meta_ids != 0).sum(-1, keepdim=True).clamp(min=1)  # mean
+        x = torch.cat([dense, ids, ids * self.user_proj(batch.user)[:, None, :], meta,
+                       self.year_emb(batch.year_bucket), user, batch.product], dim=-1)
+        logits = self.mlp(x).squeeze(-1)  # (B, N)
+        return logits.masked_fill(~batch.valid, -torch.inf)
+
+    def score(self, batch: FeatureBatch) -> Tensor:
+        self.eval()
+        with torch.inference_mode():
+            return self(batch)
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        atomic_write(folder / WEIGHTS, lambda p: torch.save(state, p))
+        return {"files": [WEIGHTS], "config": asdict(self.config)}
+
+    @classmethod
+    def load(cls, folder: Path, spec: dict[str, Any]) -> MLPRanker:
+        raw = dict(spec["config"])
+        raw["hidden"] = tuple(raw["hidden"])
+        model = cls(MLPConfig(**raw))
+        model.load_state_dict(torch.load(folder / WEIGHTS, map_location="cpu", weights_only=True))
+        return model.eval()
+
+
+def group_loss(logits: Tensor, labels: Tensor, valid: Tensor, kind: str) -> Tensor:
+    """Loss over each group's candidates. labels: (B,) position of the positive (every group has one)."""
+    if kind == "listwise":
+        return nn.functional.cross_entropy(logits, labels)
+    if kind == "bce":
+        target = torch.zeros_like(logits)
+        target[torch.arange(len(labels)), labels] = 1.0
+        loss = nn.functional.binary_cross_entropy_with_logits(logits.masked_fill(~valid, 0.0), target,
+                                                              reduction="none")
+        return (loss * valid).sum() / valid.sum()
+    raise ValueError(f"unknown ranker loss {kind!r}; expected 'listwise' or 'bce'")

@@ -1,0 +1,188 @@
+"""Training and evaluating rankers on mined groups.
+
+``Groups`` are mined candidate lists with their histories and user vectors computed
+once; features are computed per batch by `ranker.features.compute_features`, the same
+function the service calls, so offline and online inputs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from ranker.features import FeatureBatch, TorchTables, compute_features, standardize_stats
+from ranker.lgbm import LGBMRanker, fit_lgbm
+from ranker.mining import Encoder, Mined, padded_slices
+from ranker.mlp import MLPConfig, MLPRanker, group_loss
+
+log = logging.getLogger(__name__)
+
+Scorer = Callable[[FeatureBatch], Tensor]  # (B, N) scores, -inf on empty slots
+
+
+@dataclass(frozen=True)
+class FeatureSource:
+    """What features need beside the groups: item tables and unit retriever item vectors."""
+
+    tables: TorchTables
+    item_vectors: Tensor  # (n_items + 1, D), row 0 = 0
+
+
+@dataclass(frozen=True)
+class Groups:
+    mined: Mined
+    history: np.ndarray  # (G, T) left-padded, the last max_len items the user vector saw
+    user: Tensor  # (G, D) unit user vectors
+
+    def __len__(self) -> int:
+        return len(self.mined)
+
+    def subset(self, rows: np.ndarray) -> Groups:
+        return Groups(self.mined.subset(rows), self.history[rows], self.user[torch.from_numpy(rows)])
+
+
+def make_groups(mined: Mined, items: np.ndarray, encode: Encoder, max_len: int, batch_size: int = 1024) -> Groups:
+    history = padded_slices(items, mined.start, mined.end, max_len)
+    users = []
+    with torch.inference_mode():
+        for lo in range(0, len(history), batch_size):
+            rows = history[lo : lo + batch_size]
+            width = max(int((rows != 0).sum(1).max()), 1)  # trim common left padding
+            users.append(encode(torch.from_numpy(rows[:, -width:])).float())
+    user = torch.cat(users) if users else torch.zeros(0, 1)
+    return Groups(mined, history, user)
+
+
+def features(source: FeatureSource, groups: Groups, rows: np.ndarray, id_mask: Tensor | None = None) -> FeatureBatch:
+    history = groups.history[rows]
+    width = max(int((history != 0).sum(1).max()), 1) if len(rows) else 1
+    return compute_features(
+        source.tables, source.item_vectors, torch.from_numpy(history[:, -width:]), groups.user[torch.from_numpy(rows)],
+        torch.from_numpy(groups.mined.candidates[rows]), torch.from_numpy(groups.mined.scores[rows]), id_mask=id_mask,
+    )
+
+
+def group_ranks(scorer: Scorer, source: FeatureSource, groups: Groups, n_items: int, *, mask_ids: bool = False,
+                batch_size: int = 512, desc: str = "rerank") -> np.ndarray:
+    """(G,) full-ranking rank of each target after reranking its candidates.
+
+    Pessimistic ties; a target the retriever did not return gets n_items + 1 (a miss at
+    every cut-off up to N). mask_ids scores every candidate as unknown (cold start).
+    """
+    label = groups.mined.label
+    ranks = np.full(len(groups), n_items + 1, dtype=np.int64)
+    with torch.inference_mode():
+        for lo in tqdm(range(0, len(groups), batch_size), desc=desc, unit="batch", disable=None, leave=False):
+            rows = np.arange(lo, min(lo + batch_size, len(groups)))
+            hit = rows[label[rows] >= 0]
+            if len(hit) == 0:
+                continue
+            mask = torch.ones(groups.mined.candidates[hit].shape, dtype=torch.bool) if mask_ids else None
+            scores = scorer(features(source, groups, hit, mask))  # (b, N)
+            pos = torch.from_numpy(label[hit])
+            target = scores[torch.arange(len(hit)), pos]
+            ranks[hit] = ((scores >= target[:, None]).sum(1)).numpy()  # counts the target itself: rank >= 1
+    return ranks
+
+
+def retriever_ranks(groups: Groups, n_items: int) -> np.ndarray:
+    """(G,) the retriever's own ranks from the mined candidate scores (ties pessimistic)."""
+    label = groups.mined.label
+    scores = torch.from_numpy(groups.mined.scores).masked_fill(torch.from_numpy(groups.mined.candidates == 0),
+                                                               -torch.inf)
+    hit = label >= 0
+    target = scores[torch.arange(len(label)), torch.from_numpy(np.maximum(label, 0))]
+    ranks = (scores >= target[:, None]).sum(1).numpy()
+    return np.where(hit, ranks, n_items + 1)
+
+
+def ndcg_at(ranks: np.ndarray, k: int = 10) -> float:
+    gains = np.where(ranks <= k, 1.0 / np.log2(ranks + 1.0), 0.0)
+    return float(gains.mean()) if len(ranks) else 0.0
+
+
+def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Groups, *,
+            progress: bool = True) -> tuple[MLPRanker, list[dict[str, Any]]]:
+    """Train on groups that hold their positive; early stopping on validation NDCG@10 (two-stage)."""
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    train = train.subset(np.flatnonzero(train.mined.label >= 0))
+    if len(train) == 0:
+        raise ValueError("no training group holds its target among the candidates; raise the mining depth")
+    model = MLPRanker(config)
+    sample = np.sort(np.random.default_rng(config.seed).permutation(len(train))[:4096])
+    batch = features(source, train, sample)
+    model.set_scaling(*standardize_stats(batch.dense, batch.valid))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    labels = torch.from_numpy(train.mined.label)
+    n_items = config.n_items
+    best, best_state, best_epoch, history = -math.inf, None, 0, []
+    for epoch in range(1, config.epochs + 1):
+        model.train()
+        order = torch.randperm(len(train), generator=generator).numpy()
+        total, steps = 0.0, 0
+        for lo in tqdm(range(0, len(order), config.batch_size), desc=f"ranker epoch {epoch}", unit="batch",
+                       disable=None if progress else True, leave=False):
+            rows = np.sort(order[lo : lo + config.batch_size])
+            shape = train.mined.candidates[rows].shape
+            drop = torch.rand(shape, generator=generator) < config.id_dropout if config.id_dropout > 0 else None
+            batch = features(source, train, rows, drop)
+            logits = model(batch)
+            loss = group_loss(logits, labels[rows], batch.valid, config.loss)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach())
+            steps += 1
+        metric = ndcg_at(group_ranks(model.score, source, valid, n_items, desc="ranker valid"))
+        history.append({"epoch": epoch, "loss": total / max(steps, 1), "valid_ndcg@10": metric})
+        log.info("ranker epoch %d loss %.4f valid NDCG@10 %.4f", epoch, total / max(steps, 1), metric)
+        if metric > best:
+            best, best_epoch = metric, epoch
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        elif epoch - best_epoch >= config.patience:
+            break
+    assert best_state is not None
+    model.load_state_dict(best_state)
+    return model.eval(), history
+
+
+def lgbm_matrix(source: FeatureSource, groups: Groups, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray,
+                                                                                         np.ndarray]:
+    """Rows of groups that hold their positive: (x (rows, F), y (rows,), group sizes)."""
+    keep = np.flatnonzero(groups.mined.label >= 0)
+    xs, ys, sizes = [], [], []
+    label = groups.mined.label
+    with torch.inference_mode():
+        for lo in range(0, len(keep), batch_size):
+            rows = keep[lo : lo + batch_size]
+            batch = features(source, groups, rows)
+            valid = batch.valid.numpy()
+            y = np.zeros(valid.shape, dtype=np.float32)
+            y[np.arange(len(rows)), label[rows]] = 1.0
+            xs.append(batch.dense.numpy()[valid])
+            ys.append(y[valid])
+            sizes.append(valid.sum(1))
+    return np.concatenate(xs).astype(np.float64), np.concatenate(ys), np.concatenate(sizes)
+
+
+def fit_lgbm_ranker(source: FeatureSource, train: Groups, valid: Groups, *, params: dict[str, Any] | None = None,
+                    rounds: int = 1000, patience: int = 50) -> tuple[LGBMRanker, list[dict[str, Any]]]:
+    tx, ty, tg = lgbm_matrix(source, train)
+    vx, vy, vg = lgbm_matrix(source, valid)
+    log.info("LightGBM on %d training groups (%d rows), %d validation groups", len(tg), len(tx), len(vg))
+    return fit_lgbm(tx, ty, tg, vx, vy, vg, params=params, rounds=rounds, patience=patience)
+
+
+def config_for(source: FeatureSource, dim: int, n_items: int, **overrides: Any) -> MLPConfig:
+    tables = source.tables
+    base = MLPConfig(n_items=n_items, n_meta=tables.n_meta, n_year_buckets=int(tables.year_bucket.max()), dim=dim)
+    return replace(base, **overrides)

@@ -1,0 +1,162 @@
+"""Mining uses training positions only; features are the same offline and online."""
+
+import numpy as np
+import pytest
+import torch
+
+from offline.sequences import Sequences
+from offline.split import leave_one_out
+from ranker.features import COLUMN, DENSE_FEATURES, ID_DERIVED, ItemTables, compute_features
+from ranker.mining import mine, padded_slices, training_groups
+from ranker.train import FeatureSource, features, make_groups
+from retriever.index import IndexSpec, build_index, normalize
+
+N_ITEMS = 12
+
+
+def _split():  # type: ignore[no-untyped-def]
+    # Items 11 and 12 are only ever validation or test targets.
+    return leave_one_out(Sequences.from_lists([[1, 2, 3, 4, 11, 12], [5, 6, 7, 12, 11], [8, 9, 10, 1, 11, 12]]))
+
+
+def test_training_groups_never_use_a_validation_or_test_target() -> None:
+    split = _split()
+    start, pos = training_groups(split.train.offsets, per_user=10)
+    targets = split.train.items[pos]
+    assert not set(targets.tolist()) & {11, 12}
+    # Every group's history lies inside the same user's training items, before its target.
+    owner = np.searchsorted(split.train.offsets, pos, side="right") - 1
+    assert np.array_equal(start, split.train.offsets[owner])
+    assert np.all(pos > start)
+    # The last few training targets per user, most recent first.
+    _start1, pos1 = training_groups(split.train.offsets, per_user=1)
+    assert split.train.items[pos1].tolist() == [4, 7, 1]
+    assert len(pos) == 3 + 2 + 3  # every training target with at least one item before it
+
+
+def test_padded_slices_keep_the_most_recent_items() -> None:
+    items = np.arange(1, 11)
+    out = padded_slices(items, np.array([0, 5]), np.array([4, 10]), max_len=3)
+    assert out.tolist() == [[2, 3, 4], [8, 9, 10]]
+    assert padded_slices(items, np.array([0, 2]), np.array([1, 5])).tolist() == [[0, 0, 1], [3, 4, 5]]
+
+
+def _vectors(seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    v = torch.nn.functional.normalize(torch.randn(N_ITEMS + 1, 8, generator=g), dim=-1)
+    v[0] = 0
+    return v
+
+
+def _encode(vectors: torch.Tensor):  # type: ignore[no-untyped-def]
+    def encode(history: torch.Tensor) -> torch.Tensor:  # mean of the history's item vectors
+        summed = vectors[history].sum(1)
+        return torch.nn.functional.normalize(summed, dim=-1)
+
+    return encode
+
+
+def test_mining_excludes_the_history_but_never_the_target() -> None:
+    vectors = _vectors()
+    index = build_index(normalize(vectors[1:].numpy()), IndexSpec())
+    items = np.array([3, 5, 3, 7], dtype=np.int64)
+    # Group 0: history [3, 5], target 3 (a repeat). Group 1: history [3, 5, 3], target 7.
+    mined = mine(_encode(vectors), index, items, np.array([0, 0]), np.array([2, 3]), np.array([3, 7]),
+                 depth=N_ITEMS, max_len=10)
+    assert 5 not in mined.candidates[0]
+    assert 3 in mined.candidates[0]
+    assert not {3, 5} & set(mined.candidates[1].tolist())
+    assert mined.label[0] >= 0
+    assert mined.label[1] >= 0
+    assert mined.recall() == 1.0
+    assert np.all(np.diff(mined.scores[0][mined.candidates[0] != 0]) <= 1e-6)  # best first
+    # The scores are the cosine of the encoder's user vector and the candidate's vector.
+    user = _encode(vectors)(torch.tensor([[3, 5, 3]]))[0]
+    c = mined.candidates[1][0]
+    assert mined.scores[1][0] == pytest.approx(float(user @ vectors[c]), abs=1e-5)
+
+
+def _tables() -> ItemTables:
+    meta = np.zeros((N_ITEMS + 1, 2), dtype=np.int64)
+    meta[1:, 0] = (np.arange(N_ITEMS) % 3) + 1  # values 1..3
+    meta[1::2, 1] = 4
+    years = np.array([np.nan] + [1990 + i for i in range(N_ITEMS)], dtype=np.float64)
+    train_items = np.array([1, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10])  # 11 and 12 never in training
+    return ItemTables.build(train_items, N_ITEMS, meta, years)
+
+
+def test_item_tables_come_from_training_positions() -> None:
+    tables = _tables()
+    assert tables.popularity[1] == pytest.approx(1.0)
+    assert tables.popularity[2] == pytest.approx(np.log1p(1) / np.log1p(3))
+    assert tables.popularity[11] == 0.0
+    assert not tables.known[11]
+    assert tables.known[10]
+    assert tables.year_bucket[0] == 0
+    assert tables.year_bucket[1] == 1
+    assert tables.year_bucket[6] == 2
+
+
+def test_unknown_flag_zeroes_id_derived_columns_and_id_mask_does_the_same() -> None:
+    tables, vectors = _tables().torch(), _vectors()
+    history = torch.tensor([[0, 1, 2, 3]])
+    user = _encode(vectors)(history)
+    candidates = torch.tensor([[11, 5, 6, 0]])  # 11 is unknown, 0 is an empty slot
+    scores = torch.tensor([[0.9, 0.8, 0.7, 0.0]])
+    batch = compute_features(tables, vectors, history, user, candidates, scores)
+    unknown = batch.dense[..., COLUMN["is_unknown"]]
+    assert unknown[0, :3].tolist() == [1.0, 0.0, 0.0]
+    assert torch.all(batch.dense[0, 0, list(ID_DERIVED)] == 0)
+    assert torch.all(batch.product[0, 0] == 0)
+    assert torch.all(batch.dense[0, 3] == 0)  # empty slot: all zero
+    assert batch.dense[0, 1, COLUMN["retrieval_score"]] == pytest.approx(0.8)
+    masked = compute_features(tables, vectors, history, user, candidates, scores,
+                              id_mask=torch.tensor([[False, True, False, False]]))
+    assert masked.dense[0, 1, COLUMN["is_unknown"]] == 1.0
+    assert torch.all(masked.dense[0, 1, list(ID_DERIVED)] == 0)
+    assert torch.equal(masked.dense[0, 2], batch.dense[0, 2])  # unmasked candidates unchanged
+    # Metadata and popularity survive masking: the fallback signal.
+    keep = [COLUMN[n] for n in ("popularity", "meta_overlap", "meta_affinity", "year_bucket")]
+    assert torch.equal(masked.dense[0, 1, keep], batch.dense[0, 1, keep])
+
+
+def test_meta_and_history_similarity_by_hand() -> None:
+    tables, vectors = _tables().torch(), _vectors()
+    history = torch.tensor([[1, 2]])  # meta: item 1 -> (1, 4), item 2 -> (2, none)
+    user = _encode(vectors)(history)
+    batch = compute_features(tables, vectors, history, user, torch.tensor([[6, 5, 3]]),
+                             torch.tensor([[0.5, 0.4, 0.3]]))
+    # item 6 -> (3): not in the history; item 5 -> (2, 4): both, once each in 2 history items;
+    # item 3 -> (3, 4): one of two values.
+    assert batch.dense[0, 0, COLUMN["meta_overlap"]] == 0.0
+    assert batch.dense[0, 1, COLUMN["meta_overlap"]] == 1.0
+    assert batch.dense[0, 1, COLUMN["meta_affinity"]] == pytest.approx(0.5)
+    assert batch.dense[0, 2, COLUMN["meta_overlap"]] == 0.5
+    assert batch.dense[0, 2, COLUMN["meta_affinity"]] == pytest.approx(0.25)
+    cos = vectors[5] @ vectors[torch.tensor([1, 2])].T
+    assert batch.dense[0, 1, COLUMN["history_max_cos"]] == pytest.approx(float(cos.max()), abs=1e-6)
+    assert batch.dense[0, 1, COLUMN["history_mean_cos"]] == pytest.approx(float(cos.mean()), abs=1e-6)
+    assert batch.dense[0, 1, COLUMN["last_item_cos"]] == pytest.approx(float(cos[-1]), abs=1e-6)
+    assert batch.dense[0, 0, COLUMN["score_gap"]] == 0.0
+    assert batch.dense[0, 1, COLUMN["score_gap"]] == pytest.approx(0.1)
+    assert batch.dense.shape == (1, 3, len(DENSE_FEATURES))
+
+
+def test_offline_batches_and_online_single_requests_give_identical_features() -> None:
+    """The trainer computes features for padded batches of groups; the service for one request."""
+    tables, vectors = _tables().torch(), _vectors()
+    index = build_index(normalize(vectors[1:].numpy()), IndexSpec())
+    items = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 3, 2], dtype=np.int64)
+    start, end = np.array([0, 4, 0, 9]), np.array([3, 6, 9, 12])
+    target = items[np.minimum(end, len(items) - 1)]
+    encode = _encode(vectors)
+    mined = mine(encode, index, items, start, end, target, depth=6, max_len=5)
+    groups = make_groups(mined, items, encode, max_len=5)
+    offline = features(FeatureSource(tables, vectors), groups, np.arange(len(groups)))
+    for g in range(len(groups)):
+        history = torch.from_numpy(items[max(start[g], end[g] - 5) : end[g]])[None, :]  # unpadded, as a request
+        candidates, scores = torch.from_numpy(mined.candidates[g : g + 1]), torch.from_numpy(mined.scores[g : g + 1])
+        online = compute_features(tables, vectors, history, encode(history), candidates, scores)
+        assert torch.allclose(offline.dense[g], online.dense[0], atol=1e-6)
+        assert torch.allclose(offline.product[g], online.product[0], atol=1e-6)
+        assert torch.equal(offline.meta[g], online.meta[0])

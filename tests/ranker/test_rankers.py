@@ -1,0 +1,180 @@
+"""Both rankers behind one interface, saved and loaded without pickle, and the two-stage CLI."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from offline.cli import main
+from offline.datasets.prepared import load_prepared
+from offline.ranking import item_tables, mine_splits, split_sources, user_encoder
+from ranker.artifact import RankerError, load_ranker, unit_item_vectors, write_ranker
+from ranker.features import COLUMN
+from ranker.mlp import MLPRanker
+from ranker.train import (
+    FeatureSource,
+    Groups,
+    config_for,
+    features,
+    fit_lgbm_ranker,
+    fit_mlp,
+    group_ranks,
+    make_groups,
+    retriever_ranks,
+)
+from retriever.artifact import load_artifact
+
+TINY = [
+    "--model.d_model", "16", "--model.n_layers", "1", "--model.n_heads", "2", "--model.max_len", "10",
+    "--train.epochs", "3", "--train.batch_size", "64", "--threads", "1", "--seed", "3",
+]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "synthetic"
+    assert main(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
+                 "--seed", "1", "--out", str(out), "-q"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundles") / "b"
+    assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "-q"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(bundle: Path, prepared: Path):  # type: ignore[no-untyped-def]
+    data = load_prepared(prepared)
+    artifact = load_artifact(bundle)
+    mined = mine_splits(artifact, data, depth=20, per_user=2)
+    sources = split_sources(data.split())
+    encode = user_encoder(artifact)
+    groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items()}
+    source = FeatureSource(item_tables(data, data.split()).torch(),
+                           unit_item_vectors(artifact.model.item_vectors().detach()))
+    return data, artifact, groups, source
+
+
+def test_reranking_by_the_retrieval_score_reproduces_the_retriever(setup) -> None:  # type: ignore[no-untyped-def]
+    data, _, groups, source = setup
+    for name in ("valid", "test"):
+        g: Groups = groups[name]
+        by_score = group_ranks(lambda b: b.dense[..., COLUMN["retrieval_score"]].masked_fill(~b.valid, -torch.inf),
+                               source, g, data.n_items)
+        assert np.array_equal(by_score, retriever_ranks(g, data.n_items))
+        missed = g.mined.label < 0
+        assert np.all(by_score[missed] == data.n_items + 1)
+        assert np.all(by_score[~missed] <= g.mined.depth)
+
+
+def _mlp(setup, **overrides):  # type: ignore[no-untyped-def]
+    data, artifact, groups, source = setup
+    config = config_for(source, int(artifact.manifest["dim"]), data.n_items, epochs=2, batch_size=64,
+                        hidden=(32,), **overrides)
+    return fit_mlp(config, source, groups["train"], groups["valid"], progress=False)
+
+
+def test_both_rankers_round_trip_through_the_bundle_with_identical_scores(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data, artifact, groups, source = setup
+    mlp, history = _mlp(setup)
+    assert len(history) == 2
+    assert all("valid_ndcg@10" in h for h in history)
+    lgbm, _ = fit_lgbm_ranker(source, groups["train"], groups["valid"], rounds=20, patience=5)
+    tables = item_tables(data, data.split())
+    batch = features(source, groups["test"], np.arange(16))
+    for ranker in (mlp, lgbm):
+        bundle = tmp_path / ranker.kind
+        shutil.copytree(artifact.path, bundle)
+        write_ranker(bundle, ranker, tables, retriever_manifest=artifact.manifest)
+        loaded = load_ranker(bundle, artifact.manifest)
+        assert loaded is not None
+        assert loaded.kind == ranker.kind
+        before, after = ranker.score(batch), loaded.ranker.score(batch)
+        assert before.shape == (16, 20)
+        assert torch.equal(before, after)
+        assert torch.all(torch.isinf(after[~batch.valid]))
+        np.testing.assert_array_equal(loaded.tables.popularity, tables.popularity)
+    assert (tmp_path / "lgbm" / "ranker" / "lgbm.txt").read_text().startswith("tree")  # LightGBM's text format
+
+
+def test_a_ranker_from_another_retriever_or_a_corrupt_file_is_refused(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data, artifact, groups, source = setup
+    lgbm, _ = fit_lgbm_ranker(source, groups["train"], groups["valid"], rounds=5, patience=5)
+    bundle = tmp_path / "b"
+    shutil.copytree(artifact.path, bundle)
+    write_ranker(bundle, lgbm, item_tables(data, data.split()), retriever_manifest=artifact.manifest)
+    with pytest.raises(RankerError, match="mined from retriever"):
+        load_ranker(bundle, {**artifact.manifest, "version": "another"})
+    model = bundle / "ranker" / "lgbm.txt"
+    model.write_text(model.read_text()[:200])
+    with pytest.raises(RankerError, match="checksum"):
+        load_ranker(bundle, artifact.manifest)
+
+
+def test_masked_ids_use_the_unknown_vector_so_the_id_no_longer_matters(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, groups, source = setup
+    model: MLPRanker = _mlp(setup, id_dropout=0.5)[0]
+    rows = np.arange(8)
+    g = groups["test"]
+    batch = features(source, g, rows, torch.ones(g.mined.candidates[rows].shape, dtype=torch.bool))
+    assert torch.all(batch.unknown[batch.valid])
+    # Swap every candidate's ID embedding for random noise: masked scores must not move.
+    scores = model.score(batch)
+    with torch.no_grad():
+        model.id_emb.weight.normal_()
+    assert torch.equal(scores, model.score(batch))
+    unmasked = features(source, g, rows)
+    assert not torch.equal(model.score(unmasked)[unmasked.valid], scores[unmasked.valid])
+
+
+def test_listwise_and_bce_losses_both_train(setup) -> None:  # type: ignore[no-untyped-def]
+    for loss in ("listwise", "bce"):
+        _, history = _mlp(setup, loss=loss)
+        assert history[-1]["loss"] < history[0]["loss"] or history[-1]["valid_ndcg@10"] > 0
+
+
+def test_cli_mine_train_ranker_and_two_stage_evaluate(bundle: Path, prepared: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    work = tmp_path / "bundle"
+    shutil.copytree(bundle, work)
+    mined = tmp_path / "mined"
+    assert main(["mine", "--artifact", str(work), "--data", str(prepared), "--out", str(mined), "--depth", "20",
+                 "--per-user", "2", "-q"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert set(info["recall@20"]) == {"train", "valid", "test"}
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "mlp", "--mined",
+                 str(mined), "--epochs", "2", "-q"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kind"] == "mlp"
+    assert "ids_masked" in summary
+    assert main(["evaluate", "--artifact", str(work), "--data", str(prepared), "-q"]) == 0
+    two_stage = json.loads(capsys.readouterr().out)
+    assert two_stage["stage"] == "two-stage"
+    assert two_stage["ranker"]["kind"] == "mlp"
+    assert two_stage["test"] == summary["test"]  # evaluation reproduces the training-time figures
+    assert "NDCG@50" not in two_stage["test"]  # cut-offs above the depth are not reported
+    assert main(["evaluate", "--artifact", str(work), "--data", str(prepared), "--stage", "retriever", "-q"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    for split in ("valid", "test"):  # the retriever's top-N metrics equal its full-ranking ones up to N
+        for k in (1, 5, 10, 20):
+            assert two_stage["retriever"][split][f"NDCG@{k}"] == pytest.approx(alone["index"][split][f"NDCG@{k}"])
+    assert main(["evaluate", "--artifact", str(work), "--data", str(prepared), "--mask-ids", "-q"]) == 0
+    masked = json.loads(capsys.readouterr().out)
+    assert masked["ranker"]["ids_masked"]
+    assert masked["test"] == summary["ids_masked"]["test"]
+
+
+def test_cli_errors_are_one_line(bundle: Path, prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["evaluate", "--artifact", str(bundle), "--data", str(prepared), "--stage", "two-stage"]) == 1
+    assert "holds no ranker" in capsys.readouterr().err
+    assert main(["train-ranker", "--artifact", str(bundle), "--data", str(prepared), "--id-dropout", "1.5"]) == 1
+    assert "--id-dropout" in capsys.readouterr().err
+    assert main(["mine", "--artifact", str(tmp_path / "nope"), "--data", str(prepared), "--out",
+                 str(tmp_path / "m")]) == 1
+    assert "no such artifact" in capsys.readouterr().err
