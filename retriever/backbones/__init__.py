@@ -13,8 +13,16 @@ from typing import Any, Protocol
 
 from torch import Tensor, nn
 
+from retriever.backbones.bert4rec import BERT4Rec, BERT4RecConfig
+from retriever.backbones.gru4rec import GRU4Rec, GRU4RecConfig
+from retriever.backbones.hstu import HSTU, HSTUConfig
+from retriever.backbones.lightsans import LightSANs, LightSANsConfig
+from retriever.backbones.lstm import LSTM, LSTMConfig
+from retriever.backbones.pcrec import PCRec, PCRecConfig
 from retriever.backbones.sasrec import SASRec, SASRecConfig
 from retriever.backbones.transformer import Transformer, TransformerConfig
+from retriever.backbones.trm4rec import TRM4Rec, TRM4RecConfig
+from retriever.backbones.xlstm import XLSTM, XLSTMConfig
 
 
 class SequenceEncoder(Protocol):
@@ -28,6 +36,14 @@ class SequenceEncoder(Protocol):
 BACKBONES: dict[str, tuple[type, type[nn.Module]]] = {
     "transformer": (TransformerConfig, Transformer),
     "sasrec": (SASRecConfig, SASRec),
+    "trm4rec": (TRM4RecConfig, TRM4Rec),
+    "gru4rec": (GRU4RecConfig, GRU4Rec),
+    "lstm": (LSTMConfig, LSTM),
+    "bert4rec": (BERT4RecConfig, BERT4Rec),
+    "lightsans": (LightSANsConfig, LightSANs),
+    "hstu": (HSTUConfig, HSTU),
+    "xlstm": (XLSTMConfig, XLSTM),
+    "pcrec": (PCRecConfig, PCRec),
 }
 
 

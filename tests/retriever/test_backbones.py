@@ -78,6 +78,8 @@ def test_unknown_option_is_a_clear_error(name: str) -> None:
 
 def test_user_vector_shortcut_matches_the_full_forward(name: str) -> None:
     encoder = _encoder(name)
+    if not getattr(encoder, "causal", True):
+        pytest.skip(f"{name} reads the user at an appended mask token; its own tests check encode_last")
     ids = torch.randint(0, N_ITEMS + 1, (4, 9))
     ids[:, -1] = torch.randint(1, N_ITEMS + 1, (4,))
     model = Retriever(encoder)

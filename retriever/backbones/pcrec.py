@@ -1,0 +1,288 @@
+"""PCRec (Xie et al., KDD 2025; seed 003) and PCRec-simple (``personalize``).
+
+**Base** (seed 003, 4.2.1), a compact HSTU layer of our own: item embedding times sqrt(D)
+plus a learned position (counted from the right, as in ``sasrec``, so extra left padding
+changes nothing), then per layer
+
+    U, V, Q, K = split(SiLU(W RMSNorm(x) + b))
+    A = SiLU(Q K^T + rab) / max_len          pointwise, no softmax; causal, padded keys 0
+    x = x + dropout(W_o (LayerNorm(A V) * U))
+
+with a learned relative position bias per head and distance i - j; the temporal part of
+the paper's rab is left out, as the encoder sees item ids only. Dividing by the fixed
+``max_len`` (HSTU's n) instead of the batch width keeps outputs independent of padding.
+
+**Predictive coding in the forward pass** (4.2.4). The L + 1 states s_0 (embeddings) ...
+s_L (last layer) of the feed-forward pass are the initial activities of a hierarchy in
+which each state is predicted from the one before it by mixing over the sequence (the
+seed's Figure 4; it numbers layers from the output, so its s_0 is our s_L):
+
+    mu_j = theta_j f(s_{j-1})      theta_j: (T, T), row i mixes positions k <= i
+    eps_j = s_j - mu_j             E = 1/2 sum_j ||eps_j||^2
+
+and ``pc_steps`` relaxation steps follow, each a gradient step on E:
+
+    activities  s_j += gamma_j * (-eps_j + f'(s_j) * theta_{j+1}^T eps_{j+1})   (no eps_0, no eps_{L+1})
+                gamma_j = sigmoid(W_j s_j + b_j), learned, one rate per layer and position
+    weights     theta_j += alpha * eps_j f(s_{j-1})^T                          per sequence
+
+f is softplus by default (the paper's best with sigmoid). The output is the relaxed s_L,
+RMS-normalised. The weight update is a per-user fast weight: after it, the prediction at
+position i gains alpha * sum_k (eps_i . f_k) f_k, a linear attention over the user's own
+states; it is trained end to end through these updates, gamma and the base theta with it.
+Choices the seed leaves open, and our reasons:
+
+- Causality. theta^T eps would carry the errors of later positions back to earlier ones,
+  which leaks the future when every position is trained at once; the activity update keeps
+  each position's own term (the diagonal of theta). For the last position of a prefix
+  (whose state is the user vector) that is the exact gradient of the prefix's E.
+- The base theta_j is a learned weight per distance i - j (so left padding leaves it
+  unchanged and one table serves any length), zero on padded rows and columns.
+- alpha is given per dimension and position: the update applied is
+  alpha / (d_model * max_len) * eps f^T, so one alpha suits every size (the raw sum grows
+  with both; the seed's alpha is this one rescaled by a constant).
+- Order within a step follows the seed, activities first and weights second (with errors
+  recomputed from the updated activities); a weight update is read only by the next step,
+  so the last step's is skipped: ``pc_steps=1`` updates activities only. A change to a
+  state reaches the output after as many steps as that state is layers below it.
+
+**PCRec-simple** (4.2.3) is ``personalize``: a few plain gradient steps of rate beta on a
+user's own history (cross-entropy of every next item of the history, i.e. the seed's KL to
+a one-hot target) before reading out that user's vector; any causal backbone.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from retriever.layers import RMSNorm
+
+if TYPE_CHECKING:  # retriever.model imports this package; the type is all we need
+    from retriever.model import Retriever
+
+Activation = Literal["softplus", "sigmoid", "tanh", "relu", "identity"]
+Fn = Callable[[Tensor], Tensor]
+ACTIVATIONS: dict[str, tuple[Fn, Fn]] = {  # f and its derivative f'
+    "softplus": (F.softplus, torch.sigmoid),
+    "sigmoid": (torch.sigmoid, lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x))),
+    "tanh": (torch.tanh, lambda x: 1 - torch.tanh(x) ** 2),
+    "relu": (F.relu, lambda x: (x > 0).to(x.dtype)),
+    "identity": (lambda x: x, torch.ones_like),
+}
+RATE_BIAS = -2.0  # gamma starts near sigmoid(-2) = 0.12: the feed-forward states dominate early training
+
+
+@dataclass(frozen=True)
+class PCRecConfig:
+    n_items: int
+    max_len: int = 200
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 2
+    dropout: float = 0.2
+    emb_dropout: float = 0.2
+    pc_steps: int = 2
+    alpha: float = 0.1
+    activation: Activation = "softplus"
+
+
+class HSTULayer(nn.Module):
+    def __init__(self, dim: int, n_heads: int, max_len: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.max_len = max_len
+        self.norm = RMSNorm(dim)
+        self.uvqk = nn.Linear(dim, 4 * dim)
+        self.rab = nn.Parameter(torch.zeros(n_heads, max_len))  # bias per head and distance i - j
+        self.out = nn.Linear(dim, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, allowed: Tensor, distance: Tensor) -> Tensor:
+        """x (B, T, D); allowed (B, T, T) bool, real query and key, key not in the future; distance (T, T)."""
+        B, T, D = x.shape
+        H, hd = self.n_heads, D // self.n_heads
+        u, v, q, k = F.silu(self.uvqk(self.norm(x))).chunk(4, dim=-1)  # each (B, T, D)
+        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # each (B, H, T, hd)
+        weights = F.silu(q @ k.transpose(-1, -2) + self.rab[:, distance]) * allowed[:, None] / self.max_len
+        y = (weights @ v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        return x + self.dropout(self.out(F.layer_norm(y, (D,)) * u))
+
+
+class PredictiveCoding(nn.Module):
+    """Top-down predictions between consecutive states, their errors, and the two updates."""
+
+    def __init__(self, config: PCRecConfig) -> None:
+        super().__init__()
+        self.steps = config.pc_steps
+        self.alpha = config.alpha / (config.d_model * config.max_len)
+        self.f, self.f_prime = ACTIVATIONS[config.activation]
+        self.theta = nn.Parameter(torch.zeros(config.n_layers, config.max_len))  # base theta_j per distance
+        self.rates = nn.ModuleList(nn.Linear(config.d_model, 1) for _ in range(config.n_layers + 1))
+
+    def base_thetas(self, allowed: Tensor, distance: Tensor) -> list[Tensor]:
+        """One (B, T, T) theta_j per layer, zero where a query may not see a key."""
+        return [w[distance] * allowed for w in self.theta]
+
+    def errors(self, states: list[Tensor], thetas: list[Tensor], keep: Tensor) -> list[Tensor]:
+        """eps_j = s_j - theta_j f(s_{j-1}) for j = 1..L, each (B, T, D), zero at padding."""
+        return [(s - theta @ (self.f(prev) * keep)) * keep for prev, s, theta in
+                zip(states[:-1], states[1:], thetas, strict=True)]
+
+    def update_states(self, states: list[Tensor], thetas: list[Tensor], errors: list[Tensor]) -> list[Tensor]:
+        """s_j += gamma_j * (-dE/ds_j), the backward term restricted to each position's own error."""
+        updated = []
+        for j, s in enumerate(states):
+            descent = -errors[j - 1] if j > 0 else torch.zeros_like(s)
+            if j < len(errors):
+                own = torch.diagonal(thetas[j], dim1=-2, dim2=-1).unsqueeze(-1)  # (B, T, 1): theta_{j+1}[i, i]
+                descent = descent + self.f_prime(s) * own * errors[j]
+            updated.append(s + torch.sigmoid(self.rates[j](s)) * descent)
+        return updated
+
+    def update_weights(self, states: list[Tensor], thetas: list[Tensor], errors: list[Tensor], keep: Tensor,
+                       allowed: Tensor) -> list[Tensor]:
+        """theta_j += alpha eps_j f(s_{j-1})^T on the allowed (causal, real) entries: -alpha dE/dtheta_j."""
+        return [theta + self.alpha * allowed * (eps @ (self.f(prev) * keep).transpose(1, 2))  # (B, T, T)
+                for theta, eps, prev in zip(thetas, errors, states[:-1], strict=True)]
+
+    def forward(self, states: list[Tensor], allowed: Tensor, distance: Tensor, keep: Tensor) -> list[Tensor]:
+        """Relax the feed-forward states (L + 1 of (B, T, D)) for ``pc_steps`` steps."""
+        thetas = self.base_thetas(allowed, distance)
+        for step in range(self.steps):
+            states = self.update_states(states, thetas, self.errors(states, thetas, keep))
+            if step + 1 < self.steps:
+                thetas = self.update_weights(states, thetas, self.errors(states, thetas, keep), keep, allowed)
+        return states
+
+
+def energy(errors: list[Tensor]) -> Tensor:
+    """(B,) E = 1/2 sum of squared prediction errors over layers, positions and dimensions."""
+    return 0.5 * torch.stack([e.pow(2).sum((1, 2)) for e in errors]).sum(0)
+
+
+class PCRec(nn.Module):
+    def __init__(self, config: PCRecConfig) -> None:
+        super().__init__()
+        if config.d_model % config.n_heads:
+            raise ValueError(f"d_model {config.d_model} is not divisible by n_heads {config.n_heads}")
+        if config.pc_steps < 0:
+            raise ValueError(f"pc_steps must be >= 0, got {config.pc_steps}")
+        if config.activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {config.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+        self.config = config
+        self.item_emb = nn.Embedding(config.n_items + 1, config.d_model, padding_idx=0)
+        self.pos_emb = nn.Embedding(config.max_len, config.d_model)
+        self.emb_dropout = nn.Dropout(config.emb_dropout)
+        self.layers = nn.ModuleList(HSTULayer(config.d_model, config.n_heads, config.max_len, config.dropout)
+                                    for _ in range(config.n_layers))
+        self.pc = PredictiveCoding(config)
+        self.norm = RMSNorm(config.d_model)
+        self.apply(_init_weights)
+        for module in self.pc.rates.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.constant_(module.bias, RATE_BIAS)
+
+    def forward(self, item_ids: Tensor) -> Tensor:
+        """(B, T) item ids, 0 = padding -> (B, T', D) hidden states, T' = min(T, max_len)."""
+        return self.norm(self.states(item_ids)[-1])
+
+    def states(self, item_ids: Tensor, *, relax: bool = True) -> list[Tensor]:
+        """The L + 1 states (B, T', D): embeddings then each layer's output, relaxed unless told not to."""
+        max_len = self.config.max_len
+        item_ids = item_ids[:, -max_len:]
+        T = item_ids.shape[1]
+        real = item_ids != 0
+        keep = real.unsqueeze(-1).to(self.item_emb.weight.dtype)  # (B, T, 1)
+        index = torch.arange(T, device=item_ids.device)
+        distance = (index[:, None] - index[None, :]).clamp(min=0)  # (T, T); the future is masked anyway
+        allowed = (index[:, None] >= index[None, :]) & real[:, :, None] & real[:, None, :]  # (B, T, T)
+        positions = torch.arange(max_len - T, max_len, device=item_ids.device)
+        x = self.item_emb(item_ids) * math.sqrt(self.config.d_model) + self.pos_emb(positions)  # (B, T, D)
+        states = [self.emb_dropout(x) * keep]
+        for layer in self.layers:
+            states.append(layer(states[-1], allowed, distance) * keep)
+        return self.pc(states, allowed, distance, keep) if relax else states
+
+    def item_embeddings(self) -> Tensor:
+        """(n_items + 1, D) output table, shared with the input (row 0 = padding)."""
+        return self.item_emb.weight
+
+
+def history_loss(model: Retriever, item_ids: Tensor) -> Tensor | None:
+    """Mean cross-entropy (over all items) of every next item within (B, T) histories; None if there is none."""
+    inputs, targets = item_ids[:, :-1], item_ids[:, 1:]
+    trained = (inputs != 0) & (targets != 0)
+    if not trained.any():
+        return None
+    hidden = model.hidden(inputs)[trained]  # (P, D)
+    logits = hidden @ model.item_vectors()[1:].T / model.temperature  # (P, n_items); padding is not a class
+    return F.cross_entropy(logits, targets[trained] - 1)
+
+
+def adapt_to_history(model: Retriever, item_ids: Tensor, beta: float, steps: int) -> None:
+    """``steps`` plain gradient steps of rate ``beta`` on ``history_loss``, in place, every parameter."""
+    params = list(model.parameters())
+    for _ in range(steps):
+        loss = history_loss(model, item_ids)
+        if loss is None:  # a single item has no next item to learn from
+            return
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        with torch.no_grad():
+            for p, grad in zip(params, grads, strict=True):
+                if grad is not None:
+                    p.sub_(beta * grad)
+
+
+def personalize(model: Retriever, history: Tensor, beta: float, steps: int = 1) -> Tensor:
+    """PCRec-simple: (B, T) left-padded histories -> (B, D) user vectors, each read after ``steps``
+    gradient steps of rate ``beta`` on that user's own ``history_loss`` (all parameters).
+
+    Users are optimised one at a time, each from the served weights. The steps run on a
+    private copy of the model, so ``model`` is never written to and requests served from it
+    concurrently are unaffected. Call outside ``torch.inference_mode``.
+    """
+    if not getattr(model.encoder, "causal", True):
+        raise ValueError("personalize needs a causal encoder: a bidirectional one sees each target in its input")
+    if history.ndim != 2:
+        raise ValueError(f"history must be (B, T) item ids, got shape {tuple(history.shape)}")
+    if beta < 0 or steps < 0:
+        raise ValueError(f"beta and steps must be >= 0, got {beta} and {steps}")
+    if beta == 0 or steps == 0:
+        with torch.no_grad():
+            return model.user_vectors(history)
+    work = copy.deepcopy(model).eval()
+    served, params = list(model.parameters()), list(work.parameters())
+    for p in params:
+        p.requires_grad_(True)  # a served model may have switched gradients off
+    vectors = []
+    with torch.enable_grad():
+        for row in history:
+            real = row.nonzero()
+            ids = row[int(real[0]) if len(real) else 0 :].unsqueeze(0)  # (1, n): leading padding dropped
+            with torch.no_grad():
+                for p, original in zip(params, served, strict=True):
+                    p.copy_(original)
+            adapt_to_history(work, ids, beta, steps)
+            with torch.no_grad():
+                vectors.append(work.user_vectors(ids))
+    return torch.cat(vectors)
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()

@@ -1,0 +1,216 @@
+"""PCRec: its updates are gradient steps on the prediction-error energy; PCRec-simple leaves the
+served model untouched and works with every causal backbone."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from retriever.backbones import BACKBONES, backbone_config, build_encoder
+from retriever.backbones.pcrec import (
+    ACTIVATIONS,
+    PCRec,
+    PCRecConfig,
+    PredictiveCoding,
+    adapt_to_history,
+    energy,
+    history_loss,
+    personalize,
+)
+from retriever.model import Retriever
+
+N_ITEMS = 30
+
+
+def _hierarchy(diagonal: bool = False) -> tuple[PredictiveCoding, list[torch.Tensor], list[torch.Tensor], torch.Tensor,
+                                                  torch.Tensor]:
+    """A PC module with random rates, 3 random states (B=2, T=5, D=4) and 2 random causal thetas, in float64."""
+    torch.manual_seed(0)
+    pc = PredictiveCoding(PCRecConfig(n_items=1, max_len=5, d_model=4, n_layers=2, alpha=0.7)).double()
+    for rate in pc.rates:
+        torch.nn.init.normal_(rate.weight)
+    B, T, D = 2, 5, 4
+    states = [torch.randn(B, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    allowed = torch.ones(T, T, dtype=torch.bool).tril().expand(B, T, T)
+    if diagonal:
+        allowed = torch.eye(T, dtype=torch.bool).expand(B, T, T)
+    thetas = [(torch.randn(B, T, T, dtype=torch.float64) * allowed).requires_grad_() for _ in range(2)]
+    keep = torch.ones(B, T, 1, dtype=torch.float64)
+    return pc, states, thetas, keep, allowed
+
+
+def test_activity_update_is_a_gradient_step_on_the_energy_at_the_last_position() -> None:
+    pc, states, thetas, keep, _ = _hierarchy()
+    errors = pc.errors(states, thetas, keep)
+    grads = torch.autograd.grad(energy(errors).sum(), states)
+    updated = pc.update_states(states, thetas, errors)
+    for j, (s, new, grad) in enumerate(zip(states, updated, grads, strict=True)):
+        gamma = torch.sigmoid(pc.rates[j](s))  # (B, T, 1)
+        # the last position of a prefix has no later position whose error it could receive: exact there
+        assert torch.allclose((new - s)[:, -1], -(gamma * grad)[:, -1], atol=1e-12), j
+        # earlier positions drop the later positions' errors (causality), so they differ from the full gradient
+        assert not torch.allclose((new - s)[:, :-1], -(gamma * grad)[:, :-1], atol=1e-6) or j == 2
+
+
+def test_activity_update_is_the_full_gradient_step_when_theta_is_diagonal() -> None:
+    pc, states, thetas, keep, _ = _hierarchy(diagonal=True)
+    errors = pc.errors(states, thetas, keep)
+    grads = torch.autograd.grad(energy(errors).sum(), states)
+    for j, (s, new, grad) in enumerate(zip(states, pc.update_states(states, thetas, errors), grads, strict=True)):
+        assert torch.allclose(new - s, -torch.sigmoid(pc.rates[j](s)) * grad, atol=1e-12), j
+
+
+def test_weight_update_is_a_gradient_step_on_the_energy() -> None:
+    pc, states, thetas, keep, allowed = _hierarchy()
+    errors = pc.errors(states, thetas, keep)
+    grads = torch.autograd.grad(energy(errors).sum(), thetas)
+    updated = pc.update_weights(states, thetas, errors, keep, allowed)
+    assert pc.alpha == pytest.approx(0.7 / (4 * 5))
+    for theta, new, grad in zip(thetas, updated, grads, strict=True):
+        assert torch.allclose(new - theta, -pc.alpha * grad * allowed, atol=1e-12)
+        assert torch.equal((new - theta)[~allowed], torch.zeros(int((~allowed).sum()), dtype=torch.float64))
+
+
+def _model(**changes: object) -> PCRec:
+    torch.manual_seed(0)
+    config = PCRecConfig(n_items=N_ITEMS, max_len=12, d_model=16, n_layers=2, n_heads=2, dropout=0.0,
+                         emb_dropout=0.0)
+    return PCRec(dataclasses.replace(config, **changes)).double().eval()  # type: ignore[arg-type]
+
+
+def _ids() -> torch.Tensor:
+    ids = torch.randint(1, N_ITEMS + 1, (3, 9), generator=torch.Generator().manual_seed(1))
+    ids[1, :3] = 0
+    return ids
+
+
+def test_one_relaxation_step_lowers_the_energy() -> None:
+    model = _model()
+    ids = _ids()
+    states = model.states(ids, relax=False)
+    real = ids != 0
+    keep = real.unsqueeze(-1).double()
+    T = ids.shape[1]
+    allowed = torch.ones(T, T, dtype=torch.bool).tril() & real[:, :, None] & real[:, None, :]
+    distance = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0)
+    with torch.no_grad():
+        model.pc.theta.normal_(0.0, 0.3)
+    thetas = model.pc.base_thetas(allowed, distance)
+    before = energy(model.pc.errors(states, thetas, keep))
+    relaxed = model.pc.update_states(states, thetas, model.pc.errors(states, thetas, keep))
+    after = energy(model.pc.errors(relaxed, thetas, keep))
+    assert (after < before).all()
+
+
+def test_without_prediction_errors_it_is_the_plain_hstu_stack() -> None:
+    plain = _model(pc_steps=0)
+    coded = _model(pc_steps=3)
+    coded.load_state_dict(plain.state_dict())
+    ids = _ids()
+    real = ids != 0
+    assert not torch.allclose(plain(ids)[real], coded(ids)[real], atol=1e-6)  # the updates do act
+    with torch.no_grad():
+        for rate in coded.pc.rates:  # gamma = 0: activities never move
+            rate.weight.zero_()
+            rate.bias.fill_(-1e4)
+    assert torch.equal(plain(ids)[real], coded(ids)[real])
+
+
+def test_the_weight_update_reaches_the_output_from_the_second_step_on() -> None:
+    ids = _ids()
+    for steps, should_change in ((1, False), (2, True)):
+        outputs = []
+        for alpha in (0.0, 5.0):
+            model = _model(pc_steps=steps, alpha=alpha)
+            with torch.no_grad():
+                model.pc.theta.normal_(0.0, 0.3)  # a non-zero base theta, so the backward term is live too
+            outputs.append(model(ids)[ids != 0])
+        assert torch.allclose(outputs[0], outputs[1], atol=1e-9) != should_change, steps
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_derivatives(name: str) -> None:
+    f, f_prime = ACTIVATIONS[name]
+    x = torch.linspace(-3, 3, 13, dtype=torch.float64).add(0.01).requires_grad_()  # 0.01: avoid relu's kink
+    (grad,) = torch.autograd.grad(f(x).sum(), x)
+    assert torch.allclose(f_prime(x), grad, atol=1e-12)
+
+
+def test_base_theta_and_positions_ignore_left_padding_at_every_position() -> None:
+    model = _model()
+    ids = _ids()
+    padded = torch.nn.functional.pad(ids, (3, 0))
+    real = ids != 0
+    assert torch.allclose(model(padded)[:, 3:][real], model(ids)[real], atol=1e-12)
+
+
+# ---- PCRec-simple -------------------------------------------------------------------------------------
+
+TINY = {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 12, "dropout": 0.0}
+CAUSAL = sorted(name for name in BACKBONES if getattr(BACKBONES[name][1], "causal", True))
+
+
+def _retriever(name: str) -> Retriever:
+    fields = {f.name for f in dataclasses.fields(BACKBONES[name][0])}
+    torch.manual_seed(0)
+    encoder = build_encoder(name, backbone_config(name, N_ITEMS, {k: v for k, v in TINY.items() if k in fields}))
+    return Retriever(encoder).eval()
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_personalize_changes_the_vector_and_leaves_the_weights_bit_identical(name: str) -> None:
+    model = _retriever(name)
+    history = torch.randint(1, N_ITEMS + 1, (2, 8), generator=torch.Generator().manual_seed(3))
+    history[1, :2] = 0
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        plain = model.user_vectors(history)
+    personal = personalize(model, history, beta=0.5)
+    assert personal.shape == plain.shape
+    assert not torch.allclose(personal, plain, atol=1e-4)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert torch.allclose(personalize(model, history, beta=0.0), plain)
+    # each user is optimised alone, from the served weights
+    one_by_one = torch.cat([personalize(model, history[i : i + 1], beta=0.5) for i in range(2)])
+    assert torch.allclose(personal, one_by_one, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_the_step_lowers_the_loss_on_the_users_own_history(name: str) -> None:
+    model = _retriever(name)
+    history = torch.randint(1, N_ITEMS + 1, (1, 8), generator=torch.Generator().manual_seed(4))
+    work = copy.deepcopy(model)
+    before = history_loss(work, history)
+    assert before is not None
+    grads = torch.autograd.grad(before, list(work.parameters()), allow_unused=True)
+    squared_norm = sum(float(g.pow(2).sum()) for g in grads if g is not None)
+    # A step small against the curvature: at random init, cosine scores of tiny embeddings make it steep.
+    adapt_to_history(work, history, beta=0.01 / squared_norm, steps=1)  # first-order decrease: 0.01 nats
+    with torch.no_grad():
+        after = history_loss(work, history)
+    assert after is not None
+    assert float(before.detach()) - 0.02 < float(after) < float(before.detach()) - 0.002
+
+
+def test_personalize_ignores_left_padding_and_short_histories() -> None:
+    model = _retriever("pcrec")
+    history = torch.randint(1, N_ITEMS + 1, (1, 6), generator=torch.Generator().manual_seed(5))
+    padded = torch.nn.functional.pad(history, (4, 0))
+    assert torch.allclose(personalize(model, padded, beta=0.5), personalize(model, history, beta=0.5), atol=1e-6)
+    single = torch.tensor([[0, 0, 7]])
+    with torch.no_grad():
+        assert torch.allclose(personalize(model, single, beta=0.5), model.user_vectors(single), atol=1e-6)
+
+
+def test_unknown_activation_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="activation"):
+        PCRec(PCRecConfig(n_items=5, activation="gelu"))  # type: ignore[arg-type]
+
+
+def test_personalize_refuses_a_bidirectional_encoder() -> None:
+    model = _retriever("pcrec")
+    model.encoder.causal = False  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="causal"):
+        personalize(model, torch.tensor([[1, 2, 3]]), beta=0.1)
