@@ -241,23 +241,25 @@ def _add_mine(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
     p.add_argument("--out", type=Path, required=True, help="folder for the mined groups")
     p.add_argument("--depth", type=int, default=100, help="candidates per group (N)")
     p.add_argument("--per-user", type=int, default=3, help="training targets per user (the most recent ones)")
+    p.add_argument("--holdout", action="store_true",
+                   help="mine the training groups with a sibling retriever trained without each user's last two "
+                   "training items (kept in OUT/holdout-retriever), so they look like the validation and test groups")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
     p.set_defaults(handler=_run_mine)
 
 
 def _run_mine(args: argparse.Namespace) -> int:
     from offline.datasets.prepared import load_prepared
-    from offline.ranking import mine_splits, save_mined
+    from offline.ranking import mine_to
+    from offline.training import check_catalogue
     from retriever.artifact import load_artifact
 
     _threads(args.threads)
     data = load_prepared(args.data)
     artifact = load_artifact(args.artifact)
-    from offline.training import check_catalogue
-
     check_catalogue(artifact, data)
-    mined = mine_splits(artifact, data, depth=args.depth, per_user=args.per_user)
-    print(json.dumps({"out": str(args.out), **save_mined(mined, args.out, artifact, args.per_user)}, indent=2))
+    _, info, _ = mine_to(args.out, artifact, data, depth=args.depth, per_user=args.per_user, holdout=args.holdout)
+    print(json.dumps({"out": str(args.out), **info}, indent=2))
     return 0
 
 
@@ -272,7 +274,10 @@ def _add_train_ranker(sub: argparse._SubParsersAction, common: argparse.Argument
     p.add_argument("--artifact", type=Path, required=True, help="bundle folder (from `seqrec train`)")
     p.add_argument("--data", type=Path, required=True, help="prepared folder the bundle was trained on")
     p.add_argument("--kind", choices=["mlp", "lgbm"], default="lgbm", help="ranker type")
-    p.add_argument("--mined", type=Path, default=None, help="reuse `seqrec mine` output instead of mining")
+    p.add_argument("--mined", type=Path, default=None,
+                   help="`seqrec mine` output to reuse; mined into (and kept there) when the folder does not exist")
+    p.add_argument("--holdout", action="store_true",
+                   help="mine training groups with a holdout retriever (see `seqrec mine --help`); needs --mined")
     p.add_argument("--depth", type=int, default=100, help="candidates per group when mining (N)")
     p.add_argument("--per-user", type=int, default=3, help="training targets per user when mining")
     m = p.add_argument_group("MLP ranker")
@@ -295,7 +300,7 @@ def _run_train_ranker(args: argparse.Namespace) -> int:
     data = load_prepared(args.data)
     mlp = {"loss": args.loss, "id_dropout": args.id_dropout, "epochs": args.epochs, "lr": args.lr, "seed": args.seed}
     manifest = train_ranker(args.artifact, data, kind=args.kind, depth=args.depth, per_user=args.per_user,
-                            mined_dir=args.mined, mlp=mlp, lgbm={"seed": args.seed})
+                            mined_dir=args.mined, holdout=args.holdout, mlp=mlp, lgbm={"seed": args.seed})
     summary = {"artifact": str(args.artifact), "kind": manifest["kind"], "mining": manifest["mining"],
                "training_seconds": manifest["training"]["seconds"], **manifest["metrics"]}
     print(json.dumps(summary, indent=2))

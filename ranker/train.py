@@ -110,8 +110,13 @@ def ndcg_at(ranks: np.ndarray, k: int = 10) -> float:
 
 
 def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Groups, *,
-            progress: bool = True) -> tuple[MLPRanker, list[dict[str, Any]]]:
-    """Train on groups that hold their positive; early stopping on validation NDCG@10 (two-stage)."""
+            train_source: FeatureSource | None = None, progress: bool = True) -> tuple[MLPRanker, list[dict[str, Any]]]:
+    """Train on groups that hold their positive; early stopping on validation NDCG@10 (two-stage).
+
+    train_source: item vectors of the retriever that mined the training groups, when that is
+    not the served one (holdout mining); features must come from the model that ranked them.
+    """
+    valid_source, source = source, train_source or source
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     train = train.subset(np.flatnonzero(train.mined.label >= 0))
@@ -142,7 +147,7 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
             optimizer.step()
             total += float(loss.detach())
             steps += 1
-        metric = ndcg_at(group_ranks(model.score, source, valid, n_items, desc="ranker valid"))
+        metric = ndcg_at(group_ranks(model.score, valid_source, valid, n_items, desc="ranker valid"))
         history.append({"epoch": epoch, "loss": total / max(steps, 1), "valid_ndcg@10": metric})
         log.info("ranker epoch %d loss %.4f valid NDCG@10 %.4f", epoch, total / max(steps, 1), metric)
         if metric > best:
@@ -175,8 +180,9 @@ def lgbm_matrix(source: FeatureSource, groups: Groups, batch_size: int = 1024) -
 
 
 def fit_lgbm_ranker(source: FeatureSource, train: Groups, valid: Groups, *, params: dict[str, Any] | None = None,
-                    rounds: int = 1000, patience: int = 50) -> tuple[LGBMRanker, list[dict[str, Any]]]:
-    tx, ty, tg = lgbm_matrix(source, train)
+                    rounds: int = 1000, patience: int = 50,
+                    train_source: FeatureSource | None = None) -> tuple[LGBMRanker, list[dict[str, Any]]]:
+    tx, ty, tg = lgbm_matrix(train_source or source, train)
     vx, vy, vg = lgbm_matrix(source, valid)
     log.info("LightGBM on %d training groups (%d rows), %d validation groups", len(tg), len(tx), len(vg))
     return fit_lgbm(tx, ty, tg, vx, vy, vg, params=params, rounds=rounds, patience=patience)

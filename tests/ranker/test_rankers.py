@@ -178,3 +178,39 @@ def test_cli_errors_are_one_line(bundle: Path, prepared: Path, tmp_path: Path, c
     assert main(["mine", "--artifact", str(tmp_path / "nope"), "--data", str(prepared), "--out",
                  str(tmp_path / "m")]) == 1
     assert "no such artifact" in capsys.readouterr().err
+
+
+def test_holdout_retriever_never_trains_on_the_ranker_training_targets(prepared: Path) -> None:
+    from offline.ranking import holdout_data
+    from ranker.mining import training_groups
+
+    data = load_prepared(prepared)
+    train = data.split().train
+    inner = holdout_data(data).split()
+    _, pos = training_groups(train.offsets, per_user=2)
+    users = np.searchsorted(train.offsets, pos, side="right") - 1
+    for u in range(len(train)):  # every synthetic user has >= 3 training items here
+        row = train.row(u).tolist()
+        assert inner.train.row(u).tolist() == row[:-2]  # what the holdout retriever learns from
+        assert [int(train.items[p]) for p in pos[users == u]] == [row[-1], row[-2]][: len(pos[users == u])]
+    assert inner.valid_targets.tolist() == [train.row(u)[-2] for u in range(len(train))]
+
+
+def test_cli_holdout_mining(bundle: Path, prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    work = tmp_path / "bundle"
+    shutil.copytree(bundle, work)
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--holdout", "-q"]) == 1
+    assert "--holdout needs --mined" in capsys.readouterr().err
+    mined = tmp_path / "mined"
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "lgbm", "--holdout",
+                 "--mined", str(mined), "--depth", "20", "-q"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["mining"]["train_mined_by"] == "holdout"
+    info = json.loads((mined / "mined.json").read_text())
+    holdout = json.loads((mined / "holdout-retriever" / "manifest.json").read_text())
+    assert info["holdout_version"] == holdout["version"] == summary["mining"]["holdout_version"]
+    assert holdout["version"] != json.loads((work / "manifest.json").read_text())["version"]
+    # The folder is reused: a second ranker trains from the same groups without retraining anything.
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "mlp", "--holdout",
+                 "--mined", str(mined), "--epochs", "1", "-q"]) == 0
+    assert json.loads((mined / "holdout-retriever" / "manifest.json").read_text())["version"] == holdout["version"]
