@@ -273,11 +273,13 @@ def _add_train_ranker(sub: argparse._SubParsersAction, common: argparse.Argument
     )
     p.add_argument("--artifact", type=Path, required=True, help="bundle folder (from `seqrec train`)")
     p.add_argument("--data", type=Path, required=True, help="prepared folder the bundle was trained on")
-    p.add_argument("--kind", choices=["mlp", "lgbm"], default="lgbm", help="ranker type")
+    p.add_argument("--kind", choices=["auto", "mlp", "lgbm"], default="auto",
+                   help="ranker type; auto trains both and keeps the better on validation NDCG@10")
+    p.add_argument("--mining", choices=["holdout", "direct"], default="holdout",
+                   help="holdout: training groups mined by a sibling retriever that never saw their targets "
+                   "(see `seqrec mine --help`); direct: by the bundle's own retriever (faster, over-confident)")
     p.add_argument("--mined", type=Path, default=None,
-                   help="`seqrec mine` output to reuse; mined into (and kept there) when the folder does not exist")
-    p.add_argument("--holdout", action="store_true",
-                   help="mine training groups with a holdout retriever (see `seqrec mine --help`); needs --mined")
+                   help="`seqrec mine` output to reuse, or where to mine to (default with holdout: BUNDLE.mining)")
     p.add_argument("--depth", type=int, default=100, help="candidates per group when mining (N)")
     p.add_argument("--per-user", type=int, default=3, help="training targets per user when mining")
     m = p.add_argument_group("MLP ranker")
@@ -300,8 +302,10 @@ def _run_train_ranker(args: argparse.Namespace) -> int:
     data = load_prepared(args.data)
     mlp = {"loss": args.loss, "id_dropout": args.id_dropout, "epochs": args.epochs, "lr": args.lr, "seed": args.seed}
     manifest = train_ranker(args.artifact, data, kind=args.kind, depth=args.depth, per_user=args.per_user,
-                            mined_dir=args.mined, holdout=args.holdout, mlp=mlp, lgbm={"seed": args.seed})
-    summary = {"artifact": str(args.artifact), "kind": manifest["kind"], "mining": manifest["mining"],
+                            mined_dir=args.mined, holdout=args.mining == "holdout", mlp=mlp,
+                            lgbm={"seed": args.seed})
+    summary = {"artifact": str(args.artifact), "kind": manifest["kind"], "selection": manifest["selection"],
+               "mining": manifest["mining"],
                "training_seconds": manifest["training"]["seconds"], **manifest["metrics"]}
     print(json.dumps(summary, indent=2))
     return 0

@@ -32,6 +32,7 @@ from ranker.train import (
     fit_mlp,
     group_ranks,
     make_groups,
+    ndcg_at,
     retriever_ranks,
 )
 from retriever.artifact import RetrieverArtifact, load_artifact
@@ -43,15 +44,23 @@ SPLITS = ("train", "valid", "test")
 META_COLUMNS = ("genres", "attributes")
 
 
-def item_tables(data: PreparedDataset, split: LeaveOneOut) -> ItemTables:
-    """Popularity and known flags from training positions; metadata and years from the catalogue."""
+def item_tables(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> ItemTables:
+    """Popularity, known flags and "follows" counts from training positions (without each user's
+    last ``drop_last`` training items); metadata and years from the catalogue."""
     columns = data.items.column_names
     meta = next((item_feature_matrix(data, c)[0] for c in META_COLUMNS if c in columns), None)
     years = None
     if "year" in columns:
         years = np.array([np.nan, *[np.nan if y is None else y for y in data.items.column("year").to_pylist()]],
                          dtype=np.float64)
-    return ItemTables.build(split.train.items, data.n_items, meta, years)
+    train = split.train
+    if drop_last:
+        keep_len = np.maximum(train.lengths - drop_last, 0)
+        rows = [train.row(u)[:k].tolist() for u, k in enumerate(keep_len)]
+        from offline.sequences import Sequences
+
+        train = Sequences.from_lists(rows)
+    return ItemTables.build(train.offsets, train.items, data.n_items, meta, years)
 
 
 def user_encoder(artifact: RetrieverArtifact) -> Encoder:
@@ -184,50 +193,68 @@ def _prepare(bundle: Path, data: PreparedDataset) -> tuple[RetrieverArtifact, Fe
                                    unit_item_vectors(artifact.model.item_vectors().detach()))
 
 
-def train_ranker(bundle: Path, data: PreparedDataset, *, kind: str = "lgbm", depth: int = 100, per_user: int = 3,
-                 mined_dir: Path | None = None, holdout: bool = False, mlp: dict[str, Any] | None = None,
+KINDS = ("auto", "mlp", "lgbm")
+
+
+def default_mining_dir(bundle: Path) -> Path:
+    return bundle.parent / f"{bundle.name}.mining"
+
+
+def train_ranker(bundle: Path, data: PreparedDataset, *, kind: str = "auto", depth: int = 100, per_user: int = 3,
+                 mined_dir: Path | None = None, holdout: bool = True, mlp: dict[str, Any] | None = None,
                  lgbm: dict[str, Any] | None = None) -> dict[str, Any]:
     """Mine (or reuse ``mined_dir``), fit the ranker, evaluate it, write BUNDLE/ranker/.
 
-    holdout: mine the training groups with a retriever that never trained on them
-    (`train_holdout_retriever`); it is trained into ``mined_dir`` (required), once.
+    holdout (the default): mine the training groups with a retriever that never trained on
+    them (`train_holdout_retriever`), kept in ``mined_dir`` (default BUNDLE.mining beside
+    the bundle) and reused. kind "auto" trains both rankers and keeps the one with the
+    higher validation NDCG@10; the test split plays no part in the choice.
     """
     started = time.perf_counter()
-    if kind not in ("mlp", "lgbm"):
-        raise SeqrecError(f"unknown ranker kind {kind!r}; choose mlp or lgbm")
+    if kind not in KINDS:
+        raise SeqrecError(f"unknown ranker kind {kind!r}; choose one of {', '.join(KINDS)}")
     artifact, source = _prepare(bundle, data)
     split = data.split()
+    if holdout and mined_dir is None:
+        mined_dir = default_mining_dir(bundle)
     if mined_dir is not None and (mined_dir / "mined.json").exists():
         mined, _, miner = load_mined(mined_dir, artifact)
-        if holdout and miner is None:
-            raise SeqrecError(f"{mined_dir} was mined without --holdout; choose another --mined folder")
+        if holdout != (miner is not None):
+            raise SeqrecError(f"{mined_dir} was mined {'with' if miner else 'without'} the holdout retriever; "
+                              f"choose another --mined folder or --mining {'holdout' if miner else 'direct'}")
     elif mined_dir is not None:
         mined, _, miner = mine_to(mined_dir, artifact, data, depth=depth, per_user=per_user, holdout=holdout)
-    elif holdout:
-        raise SeqrecError("--holdout needs --mined DIR: the holdout retriever is trained and kept there")
     else:
         mined, miner = mine_splits(artifact, data, depth=depth, per_user=per_user), None
     depth = mined["train"].depth
     sources = split_sources(split)
     encode = user_encoder(artifact)
     groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items() if n != "train"}
-    train_source = source
-    if miner is not None:  # the training groups' features come from the model that ranked them
-        train_source = FeatureSource(source.tables, unit_item_vectors(miner.model.item_vectors().detach()))
+    # A training group's features never count its own target: the statistics come from training
+    # positions without each user's last per_user (2 with holdout) items, and with holdout mining
+    # the vectors are those of the model that ranked the group.
+    held_out = 2 if miner is not None else per_user
+    train_tables = item_tables(data, split, drop_last=held_out).torch()
+    train_source = FeatureSource(train_tables, unit_item_vectors((miner or artifact).model.item_vectors().detach()))
     groups["train"] = make_groups(mined["train"], sources["train"], user_encoder(miner or artifact),
                                   (miner or artifact).max_len)
-    tables = item_tables(data, split)
-    fit_start = time.perf_counter()
-    ranker: Ranker
-    if kind == "mlp":
-        config = config_for(source, int(artifact.manifest["dim"]), data.n_items, **(mlp or {}))
-        ranker, history = fit_mlp(config, source, groups["train"], groups["valid"], train_source=train_source)
-    else:
-        ranker, history = fit_lgbm_ranker(source, groups["train"], groups["valid"], params=lgbm,
-                                          train_source=train_source)
-    fit_seconds = time.perf_counter() - fit_start
+    fitted: dict[str, tuple[Ranker, list[dict[str, Any]], float]] = {}
+    for name in ("lgbm", "mlp") if kind == "auto" else (kind,):
+        fit_start = time.perf_counter()
+        ranker: Ranker
+        if name == "mlp":
+            config = config_for(source, int(artifact.manifest["dim"]), data.n_items, **(mlp or {}))
+            ranker, history = fit_mlp(config, source, groups["train"], groups["valid"], train_source=train_source)
+        else:
+            ranker, history = fit_lgbm_ranker(source, groups["train"], groups["valid"], params=lgbm,
+                                              train_source=train_source)
+        fitted[name] = (ranker, history, time.perf_counter() - fit_start)
+    selection = {name: ndcg_at(group_ranks(r.score, source, groups["valid"], data.n_items, desc=f"select {name}"))
+                 for name, (r, _, _) in fitted.items()}
+    chosen = max(selection, key=lambda name: selection[name])
+    ranker, history, fit_seconds = fitted[chosen]
     metrics = _two_stage_metrics(ranker.score, source, groups, data.n_items)
-    if kind == "mlp":
+    if chosen == "mlp":
         masked = _two_stage_metrics(ranker.score, source, groups, data.n_items, mask_ids=True)
         metrics["ids_masked"] = {s: masked[s] for s in ("valid", "test")}
     extra = {
@@ -236,11 +263,14 @@ def train_ranker(bundle: Path, data: PreparedDataset, *, kind: str = "lgbm", dep
                    "holdout_version": None if miner is None else miner.manifest["version"],
                    "groups": {n: len(g) for n, g in mined.items()},
                    f"recall@{depth}": {n: round(g.recall(), 6) for n, g in mined.items()}},
+        "selection": {"requested": kind, "chosen": chosen,
+                      "valid_ndcg@10": {n: round(v, 6) for n, v in selection.items()}},
         "training": {"seconds": round(fit_seconds, 1), "total_seconds": round(time.perf_counter() - started, 1),
                      "history": history},
         "dataset": {"path": str(data.path), "sha256": data.manifest.get("sha256", {})},
     }
-    return write_ranker(bundle, ranker, tables, retriever_manifest=artifact.manifest, metrics=metrics, extra=extra)
+    return write_ranker(bundle, ranker, item_tables(data, split), retriever_manifest=artifact.manifest,
+                        metrics=metrics, extra=extra)
 
 
 def _two_stage_metrics(scorer: Any, source: FeatureSource, groups: dict[str, Groups], n_items: int, *,

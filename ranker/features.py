@@ -37,12 +37,19 @@ DENSE_FEATURES = (
     "history_length",  # log1p
     "year_bucket",  # 0 = unknown
     "year_distance",  # |candidate year bucket - mean history year bucket|, 0 when unknown
+    "follows_last",  # log1p(times the candidate followed the last history item within PAIR_WINDOW steps)
+    "follows_last_share",  # that count / times the last item was followed by anything
+    "follows_recent",  # log1p(sum of the counts from the last RECENT history items)
 )
 COLUMN = {name: i for i, name in enumerate(DENSE_FEATURES)}
 # Columns computed from the retriever's ID-trained vectors: not trusted for unknown items.
+# Columns computed from the retriever's ID-trained vectors or from the item's own interaction
+# history: not trusted (zeroed) for unknown items.
 ID_DERIVED = tuple(COLUMN[n] for n in ("retrieval_score", "retrieval_rank", "score_gap", "history_max_cos",
-                                        "history_mean_cos", "last_item_cos", "recent_mean_cos"))
+                                        "history_mean_cos", "last_item_cos", "recent_mean_cos", "follows_last",
+                                        "follows_last_share", "follows_recent"))
 RECENT = 5
+PAIR_WINDOW = 3  # b "follows" a when it comes 1..PAIR_WINDOW positions after a in a training sequence
 YEAR_BUCKET = 5  # years per bucket
 TABLES_FILE = "item_tables.npz"
 
@@ -51,14 +58,18 @@ TABLES_FILE = "item_tables.npz"
 class ItemTables:
     """Per-item inputs of the ranker, indexed by internal id (row 0 = padding).
 
-    popularity and known come from training positions only; meta and years are catalogue
-    metadata. Saved beside the ranker (``numpy.savez``, loaded with ``allow_pickle=False``).
+    popularity, known and the item-to-item "follows" counts come from training positions
+    only; meta and years are catalogue metadata. Saved beside the ranker (``numpy.savez``,
+    loaded with ``allow_pickle=False``).
     """
 
     popularity: np.ndarray  # (n_items + 1,) float32 in [0, 1]
     known: np.ndarray  # (n_items + 1,) bool: the item occurs in training positions
     meta: np.ndarray  # (n_items + 1, M) int64 metadata value ids, 0 = none
     year_bucket: np.ndarray  # (n_items + 1,) int64, 0 = unknown
+    pair_keys: np.ndarray  # (P,) sorted int64 a * (n_items + 1) + b for every pair "b follows a"
+    pair_counts: np.ndarray  # (P,) float32 how often
+    follow_totals: np.ndarray  # (n_items + 1,) float32 pairs that start at each item
     n_meta: int
     n_year_buckets: int
 
@@ -67,9 +78,11 @@ class ItemTables:
         return len(self.popularity) - 1
 
     @classmethod
-    def build(cls, train_items: np.ndarray, n_items: int, meta: np.ndarray | None = None,
+    def build(cls, train_offsets: np.ndarray, train_items: np.ndarray, n_items: int, meta: np.ndarray | None = None,
               years: np.ndarray | None = None) -> ItemTables:
-        """train_items: every training-position item id (validation and test targets excluded)."""
+        """train_offsets/items: CSR training positions (no validation or test target)."""
+        keys, pair_counts = _follow_pairs(train_offsets, train_items, n_items)
+        totals = np.bincount(keys // (n_items + 1), weights=pair_counts, minlength=n_items + 1).astype(np.float32)
         counts = np.bincount(train_items, minlength=n_items + 1)[: n_items + 1].astype(np.float64)
         counts[0] = 0
         popularity = (np.log1p(counts) / max(np.log1p(counts.max()), 1e-9)).astype(np.float32)
@@ -81,18 +94,21 @@ class ItemTables:
             if ok.any():
                 first = years[ok].min()
                 buckets[ok] = ((years[ok] - first) // YEAR_BUCKET).astype(np.int64) + 1
-        return cls(popularity, counts > 0, meta, buckets, int(meta.max()), int(buckets.max()))
+        return cls(popularity, counts > 0, meta, buckets, keys, pair_counts, totals, int(meta.max()),
+                   int(buckets.max()))
 
     def save(self, path: Path) -> None:
         with path.open("wb") as handle:
             np.savez(handle, popularity=self.popularity, known=self.known, meta=self.meta,
-                     year_bucket=self.year_bucket)
+                     year_bucket=self.year_bucket, pair_keys=self.pair_keys, pair_counts=self.pair_counts,
+                     follow_totals=self.follow_totals)
 
     @classmethod
     def load(cls, path: Path) -> ItemTables:
         with np.load(path, allow_pickle=False) as z:
             meta, buckets = z["meta"], z["year_bucket"]
-            return cls(z["popularity"], z["known"], meta, buckets, int(meta.max()), int(buckets.max()))
+            return cls(z["popularity"], z["known"], meta, buckets, z["pair_keys"], z["pair_counts"],
+                       z["follow_totals"], int(meta.max()), int(buckets.max()))
 
     def torch(self, device: torch.device | str = "cpu") -> TorchTables:
         return TorchTables(
@@ -100,8 +116,23 @@ class ItemTables:
             known=torch.from_numpy(self.known).to(device),
             meta=torch.from_numpy(self.meta).to(device),
             year_bucket=torch.from_numpy(self.year_bucket).to(device),
+            pair_keys=torch.from_numpy(self.pair_keys).to(device),
+            pair_counts=torch.from_numpy(self.pair_counts).to(device),
+            follow_totals=torch.from_numpy(self.follow_totals).to(device),
             n_meta=self.n_meta,
         )
+
+
+def _follow_pairs(offsets: np.ndarray, items: np.ndarray, n_items: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique keys a * (n_items + 1) + b and counts of "b within PAIR_WINDOW steps after a"."""
+    position = np.arange(len(items)) - np.repeat(offsets[:-1], np.diff(offsets))  # index inside the user's row
+    keys = []
+    for lag in range(1, PAIR_WINDOW + 1):
+        same_user = position[lag:] >= lag
+        keys.append(items[:-lag][same_user] * (n_items + 1) + items[lag:][same_user])
+    flat = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    unique, counts = np.unique(flat.astype(np.int64), return_counts=True)
+    return unique, counts.astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -110,7 +141,21 @@ class TorchTables:
     known: Tensor
     meta: Tensor
     year_bucket: Tensor
+    pair_keys: Tensor
+    pair_counts: Tensor
+    follow_totals: Tensor
     n_meta: int
+
+    def follows(self, source: Tensor, target: Tensor) -> Tensor:
+        """How often ``target`` followed ``source`` in training (elementwise; 0 for padding)."""
+        n = self.popularity.shape[0]
+        keys = source * n + target
+        if len(self.pair_keys) == 0:
+            return torch.zeros(keys.shape, dtype=torch.float32, device=keys.device)
+        pos = torch.searchsorted(self.pair_keys, keys.reshape(-1)).clamp(max=len(self.pair_keys) - 1)
+        found = self.pair_keys[pos] == keys.reshape(-1)
+        counts = torch.where(found, self.pair_counts[pos], torch.zeros_like(self.pair_counts[pos]))
+        return (counts * ((source != 0) & (target != 0)).reshape(-1)).reshape(keys.shape)
 
 
 @dataclass(frozen=True)
@@ -178,9 +223,17 @@ def compute_features(
     year_distance = torch.where((years > 0) & (known_years[:, None] > 0), (years - mean_year[:, None]).abs(),
                                 torch.zeros_like(years))
 
+    last_item = history[:, -1:].expand(b, n)  # (B, N)
+    follows_last = tables.follows(last_item, candidates)
+    share = follows_last / tables.follow_totals[last_item].clamp(min=1.0)
+    recent_items = history[:, -RECENT:]  # (B, R)
+    follows_recent = tables.follows(recent_items[:, None, :].expand(b, n, -1),
+                                    candidates[:, :, None].expand(-1, -1, recent_items.shape[1])).sum(-1)
+
     columns = [
         scores, rank, gap, tables.popularity[candidates], unknown.float(), history_max, history_mean, last, recent,
         meta_overlap, meta_affinity, torch.log1p(hist_len.float())[:, None].expand(b, n), years, year_distance,
+        torch.log1p(follows_last), share, torch.log1p(follows_recent),
     ]
     dense = torch.stack([c.float() for c in columns], dim=-1)  # (B, N, F)
     dense[..., list(ID_DERIVED)] = dense[..., list(ID_DERIVED)].masked_fill(unknown[..., None], 0.0)
@@ -215,7 +268,8 @@ def feature_spec(tables: ItemTables, dim: int) -> dict[str, Any]:
     """What a ranker was trained on, stored with it and checked at load."""
     return {"dense": list(DENSE_FEATURES), "id_derived": [DENSE_FEATURES[i] for i in ID_DERIVED],
             "n_items": tables.n_items, "n_meta": tables.n_meta, "n_year_buckets": tables.n_year_buckets,
-            "meta_width": int(tables.meta.shape[1]), "dim": dim, "recent": RECENT, "year_bucket_years": YEAR_BUCKET}
+            "meta_width": int(tables.meta.shape[1]), "dim": dim, "recent": RECENT, "year_bucket_years": YEAR_BUCKET,
+            "pair_window": PAIR_WINDOW}
 
 
 def unit(x: Tensor) -> Tensor:

@@ -82,7 +82,8 @@ def _tables() -> ItemTables:
     meta[1::2, 1] = 4
     years = np.array([np.nan] + [1990 + i for i in range(N_ITEMS)], dtype=np.float64)
     train_items = np.array([1, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10])  # 11 and 12 never in training
-    return ItemTables.build(train_items, N_ITEMS, meta, years)
+    offsets = np.array([0, 3, 6, 12])  # users: [1 1 1], [2 3 4], [5 6 7 8 9 10]
+    return ItemTables.build(offsets, train_items, N_ITEMS, meta, years)
 
 
 def test_item_tables_come_from_training_positions() -> None:
@@ -160,3 +161,20 @@ def test_offline_batches_and_online_single_requests_give_identical_features() ->
         assert torch.allclose(offline.dense[g], online.dense[0], atol=1e-6)
         assert torch.allclose(offline.product[g], online.product[0], atol=1e-6)
         assert torch.equal(offline.meta[g], online.meta[0])
+
+
+def test_follows_counts_by_hand_and_never_across_users() -> None:
+    tables = _tables()  # training rows [1 1 1], [2 3 4], [5 6 7 8 9 10]; pairs within 3 steps
+    torch_tables, vectors = tables.torch(), _vectors()
+    history = torch.tensor([[2, 3], [0, 1]])
+    user = _encode(vectors)(history)
+    candidates = torch.tensor([[4, 5], [2, 1]])
+    batch = compute_features(torch_tables, vectors, history, user, candidates, torch.zeros(2, 2))
+    col = COLUMN
+    assert batch.dense[0, 0, col["follows_last"]] == pytest.approx(np.log1p(1))  # 3 -> 4 once
+    assert batch.dense[0, 0, col["follows_last_share"]] == pytest.approx(1.0)  # 3 is followed only by 4
+    assert batch.dense[0, 0, col["follows_recent"]] == pytest.approx(np.log1p(2))  # 2 -> 4 and 3 -> 4
+    assert batch.dense[0, 1, col["follows_last"]] == 0.0
+    assert batch.dense[1, 0, col["follows_last"]] == 0.0  # 1 -> 2 would cross from one user to the next
+    assert batch.dense[1, 1, col["follows_last"]] == pytest.approx(np.log1p(3))  # 1 -> 1: twice at lag 1, once at 2
+    assert tables.follow_totals[2] == 2.0  # 2 -> 3, 2 -> 4

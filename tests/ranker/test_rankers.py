@@ -149,7 +149,7 @@ def test_cli_mine_train_ranker_and_two_stage_evaluate(bundle: Path, prepared: Pa
     info = json.loads(capsys.readouterr().out)
     assert set(info["recall@20"]) == {"train", "valid", "test"}
     assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "mlp", "--mined",
-                 str(mined), "--epochs", "2", "-q"]) == 0
+                 str(mined), "--mining", "direct", "--epochs", "2", "-q"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["kind"] == "mlp"
     assert "ids_masked" in summary
@@ -196,21 +196,31 @@ def test_holdout_retriever_never_trains_on_the_ranker_training_targets(prepared:
     assert inner.valid_targets.tolist() == [train.row(u)[-2] for u in range(len(train))]
 
 
-def test_cli_holdout_mining(bundle: Path, prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_holdout_mining_and_auto_selection(bundle: Path, prepared: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture) -> None:
     work = tmp_path / "bundle"
     shutil.copytree(bundle, work)
-    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--holdout", "-q"]) == 1
-    assert "--holdout needs --mined" in capsys.readouterr().err
-    mined = tmp_path / "mined"
-    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "lgbm", "--holdout",
-                 "--mined", str(mined), "--depth", "20", "-q"]) == 0
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--depth", "20", "--epochs", "2",
+                 "-q"]) == 0
     summary = json.loads(capsys.readouterr().out)
+    mined = tmp_path / "bundle.mining"  # the default place, beside the bundle
     assert summary["mining"]["train_mined_by"] == "holdout"
+    selection = summary["selection"]
+    assert set(selection["valid_ndcg@10"]) == {"lgbm", "mlp"}
+    assert selection["chosen"] == max(selection["valid_ndcg@10"], key=selection["valid_ndcg@10"].get)
+    assert summary["kind"] == selection["chosen"]
+    assert summary["valid"]["NDCG@10"] == pytest.approx(selection["valid_ndcg@10"][selection["chosen"]], abs=1e-6)
     info = json.loads((mined / "mined.json").read_text())
     holdout = json.loads((mined / "holdout-retriever" / "manifest.json").read_text())
     assert info["holdout_version"] == holdout["version"] == summary["mining"]["holdout_version"]
     assert holdout["version"] != json.loads((work / "manifest.json").read_text())["version"]
     # The folder is reused: a second ranker trains from the same groups without retraining anything.
-    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "mlp", "--holdout",
-                 "--mined", str(mined), "--epochs", "1", "-q"]) == 0
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "lgbm", "-q"]) == 0
     assert json.loads((mined / "holdout-retriever" / "manifest.json").read_text())["version"] == holdout["version"]
+    # A direct-mined folder is not silently reused for holdout training.
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--mined",
+                 str(tmp_path / "direct"), "--mining", "direct", "--kind", "lgbm", "--depth", "20", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--mined",
+                 str(tmp_path / "direct"), "-q"]) == 1
+    assert "without the holdout retriever" in capsys.readouterr().err
