@@ -28,8 +28,9 @@ demo() {
   local data=${SEQREC_DEMO_DATA:-data/demo} out=${SEQREC_DEMO_OUT:-artifacts/demo}
   "$VENV/bin/seqrec" prepare --dataset synthetic --out "$data" --overwrite
   "$VENV/bin/seqrec" evaluate --model popularity --data "$data"
-  rm -rf "$out"
+  rm -rf "$out" "$out.mining"
   "$VENV/bin/seqrec" train --config configs/synthetic/transformer.yaml --data "$data" --out "$out"
+  "$VENV/bin/seqrec" train-ranker --artifact "$out" --data "$data" --kind lgbm -q
   "$VENV/bin/seqrec" evaluate --artifact "$out" --data "$data" --ks 10
 }
 
