@@ -115,3 +115,28 @@ class Block(nn.Module):
         attended = self.attn(self.attn_norm(x), mask, rope, last_only=last_only)
         x = (x[:, -1:] if last_only else x) + attended
         return x + self.ffn(self.ffn_norm(x))
+
+
+def init_weights(module: nn.Module) -> None:
+    """GPT-2 style init (normal 0.02, zero biases); row 0 of every embedding (padding) zeroed."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)
+        with torch.no_grad():
+            module.weight[0].zero_()
+
+
+def init_weights_padding_idx(module: nn.Module) -> None:
+    """As `init_weights`, but zero only an embedding's declared ``padding_idx`` row."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=0.02)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from retriever.layers import attention_mask
+from retriever.layers import attention_mask, init_weights_padding_idx
 
 SCORE_LIMIT = 40.0  # exp(40) * max_len * |value| stays far below the float32 limit (3.4e38)
 
@@ -129,7 +129,7 @@ class LightSANs(nn.Module):
         self.emb_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(LightBlock(config.d_model, config.n_heads, config.k_interests, config.dropout)
                                     for _ in range(config.n_layers))
-        self.apply(_init_weights)
+        self.apply(init_weights_padding_idx)
 
     def forward(self, item_ids: Tensor) -> Tensor:
         """(B, T) item ids, 0 = padding -> (B, T, D) hidden states; causal."""
@@ -147,15 +147,3 @@ class LightSANs(nn.Module):
     def item_embeddings(self) -> Tensor:
         """(n_items + 1, D) output table, shared with the input (row 0 = padding)."""
         return self.item_emb.weight
-
-
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.padding_idx is not None:
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()

@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from retriever.layers import RMSNorm
+from retriever.layers import RMSNorm, init_weights_padding_idx
 
 if TYPE_CHECKING:  # retriever.model imports this package; the type is all we need
     from retriever.model import Retriever
@@ -185,7 +185,7 @@ class PCRec(nn.Module):
                                     for _ in range(config.n_layers))
         self.pc = PredictiveCoding(config)
         self.norm = RMSNorm(config.d_model)
-        self.apply(_init_weights)
+        self.apply(init_weights_padding_idx)
         for module in self.pc.rates.modules():
             if isinstance(module, nn.Linear):
                 nn.init.constant_(module.bias, RATE_BIAS)
@@ -274,15 +274,3 @@ def personalize(model: Retriever, history: Tensor, beta: float, steps: int = 1) 
             with torch.no_grad():
                 vectors.append(work.user_vectors(ids))
     return torch.cat(vectors)
-
-
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.padding_idx is not None:
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()

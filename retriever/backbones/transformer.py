@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from retriever.layers import Block, RMSNorm, attention_mask, rope_tables
+from retriever.layers import Block, RMSNorm, attention_mask, init_weights, rope_tables
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Transformer(nn.Module):
             Block(config.d_model, config.n_heads, config.dropout, config.ffn_expansion) for _ in range(config.n_layers)
         )
         self.norm = RMSNorm(config.d_model)
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     def forward(self, item_ids: Tensor) -> Tensor:
         """(B, T) item ids, 0 = padding -> (B, T, D) hidden states."""
@@ -87,14 +87,3 @@ class Transformer(nn.Module):
         if len(features) and (int(features.min()) < 0 or int(features.max()) > self.config.n_features):
             raise ValueError(f"feature ids must lie in [0, {self.config.n_features}]")
         self.item_features.copy_(features)
-
-
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)
-        with torch.no_grad():
-            module.weight[0].zero_()

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from retriever.backbones.transformer import _init_weights
-from retriever.layers import Block, RMSNorm, attention_mask, rope_tables
+from retriever.layers import Block, RMSNorm, attention_mask, init_weights, rope_tables
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class TRM4Rec(nn.Module):
         )
         self.halt = nn.Linear(config.d_model, 1) if config.adaptive else None
         self.norm = RMSNorm(config.d_model)
-        self.apply(_init_weights)  # the transformer's, so S steps compare with S layers from the same start
+        self.apply(init_weights)  # the transformer's, so S steps compare with S layers from the same start
         if self.halt is not None:
             # Graves 2016 / Universal Transformer: a positive bias starts every position at a
             # couple of steps instead of the full budget, so early training stays cheap.

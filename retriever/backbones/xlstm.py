@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from retriever.layers import RMSNorm
+from retriever.layers import RMSNorm, init_weights
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class XLSTM(nn.Module):
         self.emb_dropout = nn.Dropout(config.emb_dropout)
         self.blocks = nn.ModuleList(MLSTMBlock(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model)
-        self.apply(_init_weights)
+        self.apply(init_weights)
         for module in self.modules():
             if isinstance(module, MLSTMLayer):
                 module.reset_gates()
@@ -213,14 +213,3 @@ class XLSTM(nn.Module):
     def item_embeddings(self) -> Tensor:
         """(n_items + 1, D) output table, shared with the input (row 0 = padding)."""
         return self.item_emb.weight
-
-
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)
-        with torch.no_grad():
-            module.weight[0].zero_()
