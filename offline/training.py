@@ -109,7 +109,8 @@ def train_retriever(
     manifest = write_artifact(
         out, result.model.cpu(), config, np.asarray(data.item_ids[1:], dtype=str), metrics=metrics,
         dataset=dataset_fingerprint(data), index_spec=index_spec, history=result.history,
-        extra={"training": training},
+        extra={"training": training}, catalogue=data.path / "items.parquet",
+        popularity=np.bincount(split.train.items, minlength=data.n_items + 1)[: data.n_items + 1],
     )
     log.info("best epoch %d: valid NDCG@10 %.4f, test NDCG@10 %.4f", result.best_epoch,
              metrics["valid"]["NDCG@10"], metrics["test"]["NDCG@10"])

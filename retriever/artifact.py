@@ -7,6 +7,8 @@
     item_ids.npy    index row r -> external id of internal item r + 1 (unicode, no pickle)
     items.faiss     L2-normalised item vectors (row r = internal item r + 1)
     history.jsonl   per-epoch training log (loss, lr, validation metrics, speed)
+    catalogue.parquet  the prepared items table (external id, title, genres/attributes, ...), optional
+    popularity.npy  (n_items + 1,) int64 training-position counts (the service's cold-start order), optional
 
 Files are written to temporary names and renamed; the manifest goes last, so a folder
 whose manifest is present and whose checksums match is complete.
@@ -15,6 +17,7 @@ whose manifest is present and whose checksums match is complete.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ FORMAT = "seqrec.retriever/1"
 MANIFEST, CONFIG, WEIGHTS, ITEM_IDS, INDEX, HISTORY = (
     "manifest.json", "config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl",
 )
+CATALOGUE, POPULARITY = "catalogue.parquet", "popularity.npy"
 
 
 class ArtifactError(RetrieverError):
@@ -81,8 +85,14 @@ def write_artifact(
     index_spec: IndexSpec | None = None,
     history: list[dict[str, Any]] | None = None,
     extra: Mapping[str, Any] | None = None,
+    catalogue: Path | None = None,
+    popularity: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Write the bundle into ``out`` (created if needed); returns the manifest."""
+    """Write the bundle into ``out`` (created if needed); returns the manifest.
+
+    catalogue: a prepared folder's items.parquet, copied for the service's item metadata;
+    popularity: (n_items + 1,) training counts per internal id.
+    """
     out.mkdir(parents=True, exist_ok=True)
     n_items = len(item_ids)
     spec = index_spec or IndexSpec()
@@ -96,6 +106,15 @@ def write_artifact(
     if history is not None:
         write_jsonl(out / HISTORY, history)
         files.append(HISTORY)
+    if catalogue is not None:
+        atomic_write(out / CATALOGUE, lambda p: shutil.copyfile(catalogue, p))
+        files.append(CATALOGUE)
+    if popularity is not None:
+        counts = np.asarray(popularity, dtype=np.int64)
+        if counts.shape != (n_items + 1,):
+            raise ValueError(f"popularity must be shaped ({n_items + 1},), got {counts.shape}")
+        atomic_write(out / POPULARITY, lambda p: _save_npy(p, counts))
+        files.append(POPULARITY)
     created = datetime.now(UTC)
     digest = {name: sha256_file(out / name) for name in files}
     manifest = {

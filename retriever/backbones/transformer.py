@@ -64,7 +64,7 @@ class Transformer(nn.Module):
         head_dim = self.config.d_model // self.config.n_heads
         rope = rope_tables(T, head_dim, base=self.config.rope_base, device=item_ids.device)
         mask = attention_mask(item_ids, causal=True)
-        x = self.emb_dropout(self.item_embeddings()[item_ids])  # (B, T, D)
+        x = self.emb_dropout(self.embed(item_ids))  # (B, T, D)
         for i, block in enumerate(self.blocks):
             x = block(x, mask, rope, last_only=last_only and i == len(self.blocks) - 1)
         return self.norm(x)
@@ -78,6 +78,16 @@ class Transformer(nn.Module):
         side = self.feature_emb(features).sum(1) / counts  # (n_items + 1, D)
         side = side * (torch.arange(len(side), device=side.device) != 0).unsqueeze(1)  # padding stays zero
         return self.item_emb.weight + side
+
+    def embed(self, item_ids: Tensor) -> Tensor:
+        """(B, T) ids -> (B, T, D) rows of ``item_embeddings()``, built for those ids only (a served
+        request with item features no longer rebuilds the whole table)."""
+        if self.feature_emb is None:
+            return self.item_emb(item_ids)
+        features = self.item_features[item_ids]  # (B, T, F)
+        counts = (features != 0).sum(-1, keepdim=True).clamp(min=1)
+        side = self.feature_emb(features).sum(-2) / counts
+        return self.item_emb(item_ids) + side * (item_ids != 0).unsqueeze(-1)
 
     def set_item_features(self, features: Tensor) -> None:
         """features: (n_items + 1, features_per_item) ids in [0, n_features], 0 = none."""

@@ -3,10 +3,12 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from offline.cli import main
+from offline.datasets.prepared import load_prepared
 
 TINY = [
     "--model.d_model", "16", "--model.n_layers", "1", "--model.n_heads", "2", "--model.max_len", "10",
@@ -29,9 +31,14 @@ def artifact(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_train_writes_a_self_describing_artifact(artifact: Path) -> None:
+def test_train_writes_a_self_describing_artifact(artifact: Path, prepared: Path) -> None:
     manifest = json.loads((artifact / "manifest.json").read_text())
-    assert set(manifest["sha256"]) == {"config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl"}
+    assert set(manifest["sha256"]) == {"config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl",
+                                       "catalogue.parquet", "popularity.npy"}
+    data = load_prepared(prepared)
+    popularity = np.load(artifact / "popularity.npy", allow_pickle=False)
+    assert popularity.shape == (data.n_items + 1,)
+    assert popularity.sum() == len(data.split().train.items)  # training positions only: no valid/test target
     assert manifest["training"]["epochs_run"] == 3
     assert 1 <= manifest["training"]["best_epoch"] <= 3
     config = json.loads((artifact / "config.json").read_text())

@@ -140,6 +140,8 @@ def test_item_features_are_added_to_both_sides() -> None:
     assert torch.allclose(table[3], features[3])
     assert torch.equal(table[0], torch.zeros(8))
     assert torch.equal(table[4], torch.zeros(8))  # an item without features keeps its ID embedding alone
+    ids = torch.tensor([[0, 3, 1, 4], [2, 2, 0, 1]])
+    assert torch.allclose(encoder.embed(ids), table[ids])  # the per-request path reads the same rows
     with pytest.raises(ValueError, match="shaped"):
         encoder.set_item_features(torch.zeros(5, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="feature ids"):
