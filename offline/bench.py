@@ -384,7 +384,7 @@ def add_bench_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     p.add_argument("--threads", type=int, default=None, help="shorthand for --set train.threads=N")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="shorthand for train.device")
     p.set_defaults(handler=run_bench)
-    tools = p.add_subparsers(dest="bench_tool", metavar="{latency}", required=False)
+    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve}", required=False)
     lat = tools.add_parser(
         "latency", parents=[common], help="forward latency and throughput against sequence length",
         description="Build each model from its config with max_len set to the longest length and randomly "
@@ -406,11 +406,46 @@ def add_bench_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     lat.add_argument("--threads", type=int, default=None, help="shorthand for --set train.threads=N")
     lat.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="shorthand for train.device")
     lat.set_defaults(handler=_run_latency)
+    srv = tools.add_parser(
+        "serve", parents=[common], help="open-loop HTTP load against the service and a no-op FastAPI app",
+        description="Start the service (one uvicorn process per bundle) and a no-op FastAPI app, offer each "
+        "the same request bodies at fixed open-loop rates (latency counted from each request's due time), "
+        "and write OUT/serve.{json,md}: p99 at --check-rate, the highest rate held with p99 <= 50 ms and 0 "
+        "errors, and its ratio to the no-op app's.",
+    )
+    srv.add_argument("--artifact", type=Path, action="append", required=True,
+                     help="bundle to serve (repeatable: one row per bundle)")
+    srv.add_argument("--out", type=Path, required=True, help="folder for serve.{json,md}")
+    srv.add_argument("--rates", default="50,100,150,200,300,400,600,800,1200,1600,2400",
+                     help="offered rates (requests/s), stepped up until one fails the target")
+    srv.add_argument("--check-rate", type=float, default=100.0, help="the rate whose p99 is reported")
+    srv.add_argument("--duration", type=float, default=10.0, help="seconds measured per rate")
+    srv.add_argument("--warmup", type=float, default=2.0, help="seconds per rate before measuring")
+    srv.add_argument("--arrivals", choices=["poisson", "uniform"], default="poisson")
+    srv.add_argument("--timeout", type=float, default=2.0, help="request timeout (counts as an error)")
+    srv.add_argument("--requests", type=int, default=500, help="distinct request bodies")
+    srv.add_argument("--min-len", type=int, default=50, help="shortest history")
+    srv.add_argument("--max-len", type=int, default=200, help="longest history")
+    srv.add_argument("--k", type=int, default=10)
+    srv.add_argument("--candidates", type=int, default=200)
+    srv.add_argument("--no-rerank", action="store_true", help="retrieval only")
+    srv.add_argument("--personalize", action="store_true", help="every request asks for PCRec-simple")
+    srv.add_argument("--threads", type=int, default=1, help="server torch threads")
+    srv.add_argument("--max-batch", type=int, default=32, help="server micro-batch size")
+    srv.add_argument("--max-wait-ms", type=float, default=2.0, help="server micro-batch wait")
+    srv.add_argument("--seed", type=int, default=0)
+    srv.set_defaults(handler=_run_serve_bench)
 
 
 def _add_config_lookup(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs-dir", type=Path, default=Path("configs"), help="where <dataset>/<model>.yaml live")
     p.add_argument("--dataset-name", default=None, help="config folder to use (default: the --data folder's name)")
+
+
+def _run_serve_bench(args: argparse.Namespace) -> int:
+    from offline.bench_serve import run_serve_bench  # the load client loads only here
+
+    return run_serve_bench(args)
 
 
 def _run_latency(args: argparse.Namespace) -> int:

@@ -320,6 +320,57 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+def _add_serve(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "serve", parents=[common], help="serve recommendations over HTTP (POST /recommend; docs at /docs)",
+        description="Start the HTTP service on the bundle ARTIFACTS/current names (or on a bundle folder). "
+        "Every option falls back to its SEQREC_* environment variable (SEQREC_REDIS_URL, SEQREC_API_KEY, "
+        "...; see service/settings.py); without a Redis URL, histories live in an in-process store.",
+    )
+    p.add_argument("--artifacts", type=Path, default=None, help="artifacts folder or bundle (SEQREC_ARTIFACTS)")
+    p.add_argument("--host", default=None, help="interface to bind (SEQREC_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (SEQREC_PORT, default 8000)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (SEQREC_WORKERS, default 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (SEQREC_THREADS)")
+    p.add_argument("--redis-url", default=None, help="history store, e.g. redis://localhost:6379/0")
+    p.add_argument("--max-batch", type=int, default=None, help="requests per forward pass (SEQREC_MAX_BATCH)")
+    p.add_argument("--max-wait-ms", type=float, default=None, help="micro-batch wait (SEQREC_MAX_WAIT_MS)")
+    p.set_defaults(handler=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from pydantic import ValidationError
+
+    from service.app import create_app
+    from service.pipeline import BundleError, load_bundle, resolve_bundle
+    from service.settings import Settings
+
+    given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
+                                                    "max_batch", "max_wait_ms")}
+    for name, value in given.items():  # worker processes read their settings from the environment
+        if value is not None:
+            os.environ[f"SEQREC_{name.upper()}"] = str(value)
+    try:
+        settings = Settings()
+    except ValidationError as err:
+        raise SeqrecError("invalid settings: " + "; ".join(
+            f"SEQREC_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in err.errors())) from None
+    try:
+        path = resolve_bundle(settings.artifacts)
+        bundle = load_bundle(path) if settings.workers == 1 else None  # refuse a bad bundle before binding
+    except BundleError as err:
+        raise SeqrecError(str(err)) from None
+    log.info("serving %s on http://%s:%d (docs at /docs)", path, settings.host, settings.port)
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings, bundle=bundle), host=settings.host, port=settings.port,
+                    log_level=settings.log_level)
+    else:
+        uvicorn.run("service.app:create_app", factory=True, workers=settings.workers, host=settings.host,
+                    port=settings.port, log_level=settings.log_level)
+    return 0
+
+
 def _add_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     from offline.bench import add_bench_parser  # light at import: torch loads only when a bench runs
 
@@ -336,7 +387,8 @@ def _parse_ks(text: str) -> tuple[int, ...]:
     return ks
 
 
-COMMANDS = (_add_prepare, _add_train, _add_export, _add_evaluate, _add_mine, _add_train_ranker, _add_bench)
+COMMANDS = (_add_prepare, _add_train, _add_export, _add_evaluate, _add_mine, _add_train_ranker, _add_serve,
+            _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -369,6 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("seqrec: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `seqrec ... | head`: the reader went away; nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as err:
         if debug:
             raise

@@ -1,0 +1,404 @@
+"""The HTTP service: ``POST /recommend`` and friends (OpenAPI at ``/docs``).
+
+    python -m uvicorn service.app:create_app --factory --port 8000   (or `seqrec serve`)
+
+Settings come from ``SEQREC_*`` environment variables (`service.settings.Settings`). Client
+mistakes get a 4xx with a message naming the field; an unreachable Redis gets a 503 only where
+the stored history is needed (`user_id`-only requests, events, history reads and deletes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+)
+
+from service.pipeline import Bundle, BundleError, Engine, Query, load_bundle, resolve_bundle
+from service.settings import Settings
+from service.store import Event, HistoryStore, StoreUnavailable, make_store
+
+log = logging.getLogger("seqrec.service")
+
+MAX_HISTORY = 10_000  # items per request; the model reads its last max_len of them
+MAX_EVENTS = 1_000  # events per batch request
+
+
+def _id_string(value: Any) -> Any:
+    """Item ids may be sent as JSON ints or strings; both match the catalogue's external ids."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _encodable(value: str) -> str:
+    """JSON escapes can spell lone surrogates ("\\ud800") that no response body or Redis key can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (no lone surrogates)") from None
+    return value
+
+
+ItemId = Annotated[str, BeforeValidator(_id_string), StringConstraints(min_length=1, max_length=256),
+                   AfterValidator(_encodable)]
+UserId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_encodable)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class RecommendRequest(Strict):
+    user_id: UserId | None = Field(None, description="use the stored history when `history` is absent")
+    history: list[ItemId] | None = Field(None, max_length=MAX_HISTORY,
+                                         description="item ids, oldest first; the last max_len are read")
+    k: int = Field(10, ge=1, le=1000, description="items to return")
+    candidates: int = Field(200, ge=1, le=2000, description="retrieval depth (at least k is retrieved)")
+    exclude_seen: bool = Field(True, description="never recommend an item of the history")
+    rerank: bool = Field(True, description="rerank the candidates with the bundle's ranker")
+    personalize: bool = Field(False, description="PCRec-simple: one gradient step on this history first "
+                                                 "(causal models; costs ~10-30 ms)")
+
+
+class RecommendedItem(BaseModel):
+    item_id: str
+    score: float
+    retrieval_score: float
+    rank: int
+    title: str | None = None
+    year: int | None = None
+    genres: list[str] | None = None
+    attributes: list[str] | None = None
+
+    # Unannotated on purpose: a return annotation would replace this model's schema in the OpenAPI document.
+    @model_serializer(mode="wrap")
+    def _catalogue_fields_only_when_known(self, handler: SerializerFunctionWrapHandler):
+        """title/year/genres/attributes appear when the catalogue has them (the response's `fallback` stays
+        present as null, which a route-wide `response_model_exclude_none` would drop)."""
+        return {name: value for name, value in handler(self).items() if value is not None}
+
+
+class Timing(BaseModel):
+    queue: float
+    encode: float
+    search: float
+    rerank: float
+    total: float
+
+
+class RecommendResponse(BaseModel):
+    items: list[RecommendedItem]
+    model_version: str
+    reranked: bool
+    unknown_items: list[str]
+    fallback: Literal["popularity"] | None
+    history_used: int = Field(description="known history items the model read")
+    timing_ms: Timing
+
+
+class EventIn(Strict):
+    user_id: UserId
+    item_id: ItemId
+    timestamp: float | None = Field(None, ge=0, le=1e11, description="unix seconds")
+
+
+class EventBatch(Strict):
+    events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS)
+
+
+class EventsResponse(BaseModel):
+    stored: int
+    users: int
+    unknown_items: list[str]
+
+
+class HistoryItem(BaseModel):
+    item_id: str
+    timestamp: float | None = None
+
+
+class HistoryResponse(BaseModel):
+    user_id: str
+    items: list[HistoryItem]
+
+
+class ItemResponse(BaseModel):
+    item_id: str
+    title: str | None = None
+    year: int | None = None
+    genres: list[str] | None = None
+    attributes: list[str] | None = None
+
+
+class ReloadResponse(BaseModel):
+    status: Literal["reloaded", "unchanged"]
+    model_version: str
+    previous_version: str
+    seconds: float
+
+
+class Metrics:
+    """Prometheus metrics of one app (its own registry, so several apps can live in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        buckets = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+        self.requests = Counter("seqrec_requests_total", "HTTP requests", ["route", "method", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("seqrec_request_seconds", "HTTP request latency", ["route", "method"],
+                                 buckets=buckets, registry=self.registry)
+        self.stages = Histogram("seqrec_stage_seconds", "recommendation stage latency", ["stage"],
+                                buckets=buckets, registry=self.registry)
+        self.batch = Histogram("seqrec_batch_size", "requests per forward pass",
+                               buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry)
+        self.model = Gauge("seqrec_model_info", "the served model (value 1)", ["version", "ranker"],
+                           registry=self.registry)
+        self.reloads = Counter("seqrec_reloads_total", "bundle reloads", ["result"], registry=self.registry)
+        self.fallbacks = Counter("seqrec_fallbacks_total", "answers without a usable history", ["kind"],
+                                 registry=self.registry)
+
+    def set_model(self, bundle: Bundle) -> None:
+        self.model.clear()
+        self.model.labels(bundle.version, bundle.ranker.kind if bundle.ranker else "none").set(1)
+
+
+class State:
+    """What the routes share: settings, engine, store, metrics."""
+
+    def __init__(self, settings: Settings, engine: Engine, store: HistoryStore, metrics: Metrics) -> None:
+        self.settings, self.engine, self.store, self.metrics = settings, engine, store, metrics
+
+
+def _state(request: Request) -> State:
+    state: State = request.app.state.seqrec
+    return state
+
+
+StateDep = Annotated[State, Depends(_state)]
+
+
+def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None) -> FastAPI:
+    """The app; the bundle (unless given, already loaded) is loaded in the lifespan, and a bundle
+    that fails to load stops the start-up."""
+    settings = settings or Settings()
+    metrics = Metrics()
+    preloaded = bundle
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        import torch
+
+        torch.set_num_threads(settings.threads)
+        if preloaded is None:
+            path = resolve_bundle(settings.artifacts)
+            served = await asyncio.to_thread(load_bundle, path)
+        else:
+            path, served = preloaded.path, preloaded
+        engine = Engine(served, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
+                        threads=settings.threads, personalize_beta=settings.personalize_beta,
+                        personalize_steps=settings.personalize_steps, on_batch=metrics.batch.observe)
+        await engine.start()
+        store = make_store(settings)
+        metrics.set_model(served)
+        app.state.seqrec = State(settings, engine, store, metrics)
+        log.info("serving %s (%s) from %s; history store: %s", served.version,
+                 served.ranker.kind if served.ranker else "no ranker", path, store.name)
+        try:
+            yield
+        finally:
+            await engine.stop()
+            await store.close()
+
+    app = FastAPI(title="seqrec", version="0.1.0", lifespan=lifespan, max_body_size=settings.max_body_bytes,
+                  description="Two-stage sequential recommendations: retrieval over a FAISS index, then reranking.")
+
+    async def require_key(request: Request) -> None:
+        key = settings.api_key_value()
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given.strip().encode(), key.encode()):
+            raise HTTPException(401, "this endpoint needs `Authorization: Bearer <SEQREC_API_KEY>`",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    Writer = [Depends(require_key)]
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = []
+        for e in exc.errors():
+            loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+            field, message = ".".join(loc) or "body", e.get("msg", "")
+            if e.get("type") == "json_invalid":  # loc holds the character position, not a field
+                field, message = "body", f"malformed JSON at character {loc[-1] if loc else 0}: " + str(
+                    e.get("ctx", {}).get("error", message))
+            errors.append({"field": field, "message": message, "type": e.get("type")})
+        message = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        return JSONResponse({"detail": message, "errors": jsonable_encoder(errors)}, status_code=422)
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": f"history store unavailable, retry later: {exc}"}, status_code=503,
+                            headers={"Retry-After": "1"})
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            route = request.scope.get("route")
+            name = getattr(route, "path", "unmatched")
+            metrics.requests.labels(name, request.method, str(status)).inc()
+            metrics.latency.labels(name, request.method).observe(time.perf_counter() - start)
+
+    @app.post("/recommend", response_model=RecommendResponse,
+              responses={503: {"description": "user_id-only request while the history store is unreachable"}})
+    async def recommend(body: RecommendRequest, s: StateDep) -> dict[str, Any]:
+        start = time.perf_counter()
+        bundle = s.engine.bundle
+        if body.history is not None:
+            raw = list(body.history)
+        elif body.user_id is not None:
+            raw = [e.item_id for e in await s.store.history(body.user_id)]
+        else:
+            raw = []
+        known = [bundle.index_of.get(i) for i in raw]
+        unknown = list(dict.fromkeys(i for i, j in zip(raw, known, strict=True) if j is None))
+        history = [j for j in known if j is not None]
+        used = history[-bundle.max_len :]
+        if body.personalize and not getattr(bundle.artifact.model.encoder, "causal", True):
+            raise HTTPException(422, "personalize needs a causal model; this bundle's backbone is "
+                                f"{bundle.artifact.manifest.get('backbone')}")
+        if not used:
+            s.metrics.fallbacks.labels("popularity").inc()
+            seen = set(history) if body.exclude_seen else set()
+            top = [i for i in bundle.popular[: body.k + len(seen)].tolist() if i not in seen][: body.k]
+            items = [_item(bundle, i, float(bundle.popularity[i]), 0.0, r + 1) for r, i in enumerate(top)]
+            total = 1000 * (time.perf_counter() - start)
+            return {"items": items, "model_version": bundle.version, "reranked": False, "unknown_items": unknown,
+                    "fallback": "popularity", "history_used": 0,
+                    "timing_ms": {"queue": 0.0, "encode": 0.0, "search": 0.0, "rerank": 0.0, "total": total}}
+        query = Query(used, k=body.k, candidates=body.candidates, exclude_seen=body.exclude_seen,
+                      rerank=body.rerank, personalize=body.personalize,
+                      exclude=tuple(history[: -bundle.max_len]) if body.exclude_seen else ())
+        queued = time.perf_counter()
+        result = await s.engine.recommend(query, bundle)  # the bundle the ids were mapped with
+        total = 1000 * (time.perf_counter() - start)
+        compute = sum(result.timing_ms.values())
+        for stage, ms in result.timing_ms.items():
+            s.metrics.stages.labels(stage).observe(ms / 1000)
+        items = [_item(result.bundle, i, score, retrieval, r + 1)
+                 for r, (i, score, retrieval) in enumerate(result.items)]
+        return {"items": items, "model_version": result.version, "reranked": result.reranked,
+                "unknown_items": unknown, "fallback": None, "history_used": len(used),
+                "timing_ms": {"queue": max(0.0, 1000 * (time.perf_counter() - queued) - compute),
+                              **result.timing_ms, "total": total}}
+
+    @app.post("/events", response_model=EventsResponse, dependencies=Writer,
+              responses={503: {"description": "history store unreachable: nothing was stored, retry"}})
+    async def events(body: EventIn | EventBatch, s: StateDep) -> dict[str, Any]:
+        batch = body.events if isinstance(body, EventBatch) else [body]
+        per_user: dict[str, list[Event]] = {}
+        for e in batch:
+            per_user.setdefault(e.user_id, []).append(Event(e.item_id, e.timestamp))
+        bundle = s.engine.bundle
+        if len(per_user) == 1:
+            ((user, evs),) = per_user.items()
+            await s.store.append(user, evs, bundle.max_len)
+        else:
+            await s.store.append_many(list(per_user.items()), bundle.max_len)
+        unknown = list(dict.fromkeys(e.item_id for e in batch if e.item_id not in bundle.index_of))
+        return {"stored": len(batch), "users": len(per_user), "unknown_items": unknown}
+
+    @app.get("/users/{user_id}/history", response_model=HistoryResponse, response_model_exclude_none=True)
+    async def get_history(user_id: Annotated[str, Path(min_length=1, max_length=256)], s: StateDep) -> dict[str, Any]:
+        events = await s.store.history(user_id)
+        return {"user_id": user_id, "items": [{"item_id": e.item_id, "timestamp": e.timestamp} for e in events]}
+
+    @app.delete("/users/{user_id}/history", dependencies=Writer)
+    async def delete_history(user_id: Annotated[str, Path(min_length=1, max_length=256)],
+                             s: StateDep) -> dict[str, Any]:
+        return {"user_id": user_id, "deleted": await s.store.delete(user_id)}
+
+    @app.get("/items/{item_id}", response_model=ItemResponse, response_model_exclude_none=True)
+    async def get_item(item_id: Annotated[str, Path(min_length=1, max_length=256)], s: StateDep) -> dict[str, Any]:
+        bundle = s.engine.bundle
+        internal = bundle.index_of.get(item_id)
+        if internal is None:
+            raise HTTPException(404, f"item {item_id!r} is not in the catalogue of model {bundle.version}")
+        return {"item_id": item_id, **bundle.metadata[internal - 1]}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    async def readyz(s: StateDep) -> dict[str, Any]:
+        reachable = await s.store.ping()
+        return {"status": "ready" if reachable else "degraded", **s.engine.bundle.describe(),
+                "store": {"kind": s.store.name, "reachable": reachable}}
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/admin/reload", response_model=ReloadResponse, dependencies=Writer,
+              responses={409: {"description": "the new bundle was refused; the old one keeps serving"}})
+    async def reload(s: StateDep) -> dict[str, Any]:
+        start = time.perf_counter()
+        try:
+            path = resolve_bundle(s.settings.artifacts)
+            current = s.engine.bundle
+            if path == current.path and _same_manifest(current):
+                return {"status": "unchanged", "model_version": current.version, "previous_version": current.version,
+                        "seconds": round(time.perf_counter() - start, 3)}
+            old, new = await s.engine.reload(path)
+        except BundleError as err:
+            s.metrics.reloads.labels("refused").inc()
+            log.warning("reload refused: %s", err)
+            raise HTTPException(409, f"bundle refused, still serving {s.engine.bundle.version}: {err}") from None
+        s.metrics.reloads.labels("ok").inc()
+        s.metrics.set_model(new)
+        log.info("reloaded: %s -> %s", old.version, new.version)
+        return {"status": "reloaded", "model_version": new.version, "previous_version": old.version,
+                "seconds": round(time.perf_counter() - start, 3)}
+
+    return app
+
+
+def _same_manifest(bundle: Bundle) -> bool:
+    try:
+        return bool(json.loads((bundle.path / "manifest.json").read_text()) == bundle.artifact.manifest)
+    except (OSError, ValueError):
+        return False
+
+
+def _item(bundle: Bundle, internal: int, score: float, retrieval: float, rank: int) -> dict[str, Any]:
+    return {"item_id": bundle.external(internal), "score": score, "retrieval_score": retrieval, "rank": rank,
+            **bundle.metadata[internal - 1]}

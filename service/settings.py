@@ -1,0 +1,38 @@
+"""Service settings: environment variables with the ``SEQREC_`` prefix (or a ``.env`` file).
+
+    SEQREC_ARTIFACTS=artifacts        folder whose ``current`` names the bundle to serve
+                                      (or a bundle folder itself)
+    SEQREC_REDIS_URL=redis://redis:6379/0   history store; unset = the in-process store
+    SEQREC_API_KEY=...                required as ``Authorization: Bearer`` on writes and /admin
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEQREC_", env_file=".env", extra="ignore")
+
+    artifacts: Path = Field(Path("artifacts"), description="artifacts folder (its `current`) or a bundle folder")
+    redis_url: str | None = Field(None, description="redis://host:port/db; unset = in-process history store")
+    redis_prefix: str = Field("seqrec:", description="prefix of every Redis key the service writes")
+    redis_timeout_ms: float = Field(250.0, gt=0, description="connect and command timeout")
+    redis_pool_size: int = Field(64, ge=1, description="connections in the Redis pool")
+    api_key: SecretStr | None = Field(None, description="when set, writes and /admin need `Bearer <key>`")
+    max_batch: int = Field(32, ge=1, le=1024, description="requests micro-batched into one forward pass")
+    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="how long a batch waits for more requests")
+    threads: int = Field(1, ge=1, le=256, description="torch threads for inference")
+    personalize_beta: float = Field(1e-5, ge=0, le=1, description="PCRec-simple step size (`personalize: true`)")
+    personalize_steps: int = Field(1, ge=0, le=10, description="PCRec-simple gradient steps per request")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    workers: int = Field(1, ge=1, le=64)
+    log_level: str = "info"
+
+    def api_key_value(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key is not None and self.api_key.get_secret_value() else None

@@ -1,0 +1,89 @@
+"""Fixtures of the service tests: the tiny bundle (trained once per session), the Redis at 127.0.0.1:6379
+(db 15, a unique key prefix, keys deleted afterwards), a throwaway redis-server, and the API served by a real
+uvicorn process."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.service.support import (
+    REDIS_SERVER,
+    SHARED_REDIS,
+    RedisServer,
+    Server,
+    free_port,
+    listening,
+    prepare_synthetic,
+    serving,
+    train_bundle,
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return prepare_synthetic(tmp_path_factory.mktemp("data") / "synthetic")
+
+
+@pytest.fixture(scope="session")
+def bundle(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The served bundle (retriever + LightGBM ranker). Never modified: tests that break bundles copy it."""
+    return train_bundle(prepared, tmp_path_factory.mktemp("bundles") / "v1", seed=3)
+
+
+def _shared_redis_or_skip() -> None:
+    if not listening(6379):
+        pytest.skip("no Redis listening on 127.0.0.1:6379")
+
+
+def _delete_prefix(prefix: str) -> None:
+    with redis.Redis.from_url(SHARED_REDIS) as client:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A unique prefix on db 15 of the shared Redis; every key under it is deleted afterwards."""
+    _shared_redis_or_skip()
+    prefix = f"seqrec-test:{uuid.uuid4().hex}:"
+    yield prefix
+    _delete_prefix(prefix)
+
+
+@pytest.fixture(scope="module")
+def module_redis_prefix() -> Iterator[str]:
+    """``redis_prefix`` for a module-scoped server."""
+    _shared_redis_or_skip()
+    prefix = f"seqrec-test:{uuid.uuid4().hex}:"
+    yield prefix
+    _delete_prefix(prefix)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    if not shutil.which(REDIS_SERVER):
+        pytest.skip(f"{REDIS_SERVER} not found")
+    server = RedisServer(free_port())
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def api(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The plain deployment: the bundle folder itself, in-process history store, no API key. Shared by the
+    modules that only read from it or write under their own user ids."""
+    with serving(tmp_path_factory.mktemp("api"), artifacts=str(bundle)) as server:
+        yield server

@@ -1,0 +1,83 @@
+"""With ``SEQREC_API_KEY`` set, writes and /admin need ``Authorization: Bearer <key>``; reads stay open.
+(Without a key, writes need nothing: `test_api.test_writes_need_no_key_when_none_is_set`.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.support import Server, serving
+
+KEY = "s3cret-key"
+WRONG = [
+    {},
+    {"Authorization": "Bearer wrong-key"},
+    {"Authorization": f"Bearer {KEY}x"},
+    {"Authorization": f"Basic {KEY}"},
+    {"Authorization": KEY},
+    {"Authorization": "Bearer"},
+    {"X-Api-Key": KEY},
+]
+RIGHT = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def client(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    server: Server
+    with serving(tmp_path_factory.mktemp("key-api"), artifacts=str(bundle), api_key=KEY) as server, \
+            server.client() as c:
+        yield c
+
+
+Write = Callable[[httpx.Client, dict[str, str]], httpx.Response]
+WRITES: dict[str, Write] = {
+    "events": lambda c, h: c.post("/events", json={"user_id": "alice", "item_id": "i1"}, headers=h),
+    "event batch": lambda c, h: c.post("/events", json={"events": [{"user_id": "bob", "item_id": "i2"}]},
+                                       headers=h),
+    "delete history": lambda c, h: c.delete("/users/alice/history", headers=h),
+    "reload": lambda c, h: c.post("/admin/reload", headers=h),
+}
+
+
+@pytest.mark.parametrize("write", list(WRITES.values()), ids=list(WRITES))
+def test_writes_need_the_key(client: httpx.Client, write: Write) -> None:
+    for headers in WRONG:
+        response = write(client, headers)
+        assert response.status_code == 401, (headers, response.text)
+        assert "Authorization: Bearer" in response.json()["detail"]
+        assert response.headers["www-authenticate"] == "Bearer"
+    response = write(client, RIGHT)
+    assert response.status_code == 200, response.text
+
+
+def test_a_refused_write_stores_nothing(client: httpx.Client) -> None:
+    assert client.post("/events", json={"user_id": "carol", "item_id": "i1"}).status_code == 401
+    assert client.get("/users/carol/history").json()["items"] == []
+    assert client.post("/events", json={"user_id": "carol", "item_id": "i1"}, headers=RIGHT).status_code == 200
+    assert client.delete("/users/carol/history").status_code == 401
+    assert [e["item_id"] for e in client.get("/users/carol/history").json()["items"]] == ["i1"]
+
+
+def test_reads_need_no_key(client: httpx.Client) -> None:
+    assert client.post("/events", json={"user_id": "dave", "item_id": "i3"}, headers=RIGHT).status_code == 200
+    for response in (
+        client.post("/recommend", json={"history": ["i1", "i2"], "k": 3}),
+        client.post("/recommend", json={"user_id": "dave", "k": 3}),
+        client.get("/users/dave/history"),
+        client.get("/items/i1"),
+        client.get("/healthz"),
+        client.get("/readyz"),
+        client.get("/metrics"),
+        client.get("/openapi.json"),
+    ):
+        assert response.status_code == 200, (response.request.url, response.text)
+    assert client.post("/recommend", json={"user_id": "dave"}).json()["history_used"] == 1
+
+
+def test_validation_still_names_the_field_with_the_key(client: httpx.Client) -> None:
+    response = client.post("/events", json={"user_id": "erin"}, headers=RIGHT)
+    assert response.status_code == 422
+    assert "EventIn.item_id" in response.json()["detail"]

@@ -1,0 +1,140 @@
+"""The service answers what the offline pipeline computes, and micro-batching changes no answer.
+
+Offline reference, as `offline.ranking.evaluate_bundle` scores the test split: `ranker.mining.mine` (index
+search, history excluded), `ranker.train.make_groups` + `features`, the bundle's ranker `score`; top k by
+score, ties in retrieval order. The service is checked twice against it: `service.pipeline.recommend_batch`
+in this process (all users in one batch) and `POST /recommend` over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from offline.datasets.prepared import load_prepared
+from offline.ranking import user_encoder
+from ranker.artifact import load_ranker, unit_item_vectors
+from ranker.mining import mine
+from ranker.train import FeatureSource, features, make_groups
+from retriever.artifact import load_artifact
+from service.pipeline import Query, load_bundle, recommend_batch
+from tests.service.support import Server, metric_samples
+
+DEPTH, K, N_USERS = 20, 10, 12
+TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class Case:
+    history: list[int]  # internal ids, oldest first (the whole test-split input)
+    external: list[str]
+    items: list[int]  # offline top K: internal ids, best first
+    scores: np.ndarray  # their ranker scores
+    retrieval: np.ndarray  # their retrieval (cosine) scores
+
+
+@pytest.fixture(scope="module")
+def cases(prepared: Path, bundle: Path) -> list[Case]:
+    data = load_prepared(prepared)
+    artifact = load_artifact(bundle)
+    ranker = load_ranker(bundle, artifact.manifest)
+    assert ranker is not None
+    assert np.array_equal(artifact.item_ids, data.item_ids[1:].astype(str))
+    inputs, targets = data.split().inputs("test"), data.split().test_targets
+    start, end = inputs.offsets[:-1], inputs.offsets[1:]
+    # users whose target is not a repeat (offline never excludes the target; the service knows no target),
+    # short and long histories (max_len is 10)
+    fresh = [u for u in range(len(targets)) if targets[u] not in inputs.items[start[u] : end[u]]]
+    by_length = sorted(fresh, key=lambda u: int(end[u] - start[u]))
+    rows = np.array(sorted({*by_length[: N_USERS // 2], *by_length[-N_USERS // 2 :]}))
+    assert (end[rows] - start[rows]).max() > artifact.max_len
+
+    encode = user_encoder(artifact)
+    mined = mine(encode, artifact.index, inputs.items, start[rows], end[rows], targets[rows], depth=DEPTH,
+                 max_len=artifact.max_len)
+    groups = make_groups(mined, inputs.items, encode, artifact.max_len)
+    source = FeatureSource(ranker.tables.torch(), unit_item_vectors(artifact.model.item_vectors().detach()))
+    scores = ranker.ranker.score(features(source, groups, np.arange(len(rows)))).double().numpy()
+    out = []
+    for g, u in enumerate(rows):
+        assert (mined.candidates[g] > 0).all()
+        order = np.argsort(-scores[g], kind="stable")[:K]
+        history = inputs.items[start[u] : end[u]].tolist()
+        out.append(Case(history, [str(data.item_ids[i]) for i in history], mined.candidates[g, order].tolist(),
+                        scores[g, order], mined.scores[g, order].astype(np.float64)))
+    return out
+
+
+def test_recommend_batch_matches_offline(cases: list[Case], bundle: Path) -> None:
+    served = load_bundle(bundle)
+    max_len = served.max_len
+    queries = [Query(c.history[-max_len:], k=K, candidates=DEPTH, exclude=tuple(c.history[:-max_len]))
+               for c in cases]
+    results = recommend_batch(served, queries)  # one batch: histories of different lengths padded together
+    for case, result in zip(cases, results, strict=True):
+        assert result.reranked
+        assert [i for i, _, _ in result.items] == case.items
+        np.testing.assert_allclose([s for _, s, _ in result.items], case.scores, atol=TOLERANCE, rtol=0)
+        np.testing.assert_allclose([r for _, _, r in result.items], case.retrieval, atol=TOLERANCE, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def client(api: Server) -> Iterator[httpx.Client]:
+    with api.client() as c:
+        yield c
+
+
+def test_http_matches_offline(cases: list[Case], client: httpx.Client, bundle: Path) -> None:
+    catalogue = [str(i) for i in np.load(bundle / "item_ids.npy", allow_pickle=False)]
+    for case in cases:
+        response = client.post("/recommend", json={"history": case.external, "k": K, "candidates": DEPTH})
+        assert response.status_code == 200, response.text
+        items = response.json()["items"]
+        assert [i["item_id"] for i in items] == [catalogue[i - 1] for i in case.items]
+        np.testing.assert_allclose([i["score"] for i in items], case.scores, atol=TOLERANCE, rtol=0)
+        np.testing.assert_allclose([i["retrieval_score"] for i in items], case.retrieval, atol=TOLERANCE, rtol=0)
+
+
+def _bodies(bundle: Path, n: int) -> list[dict[str, Any]]:
+    """n different requests: history lengths 1..25, several k and depths, rerank on and off, some personalized."""
+    catalogue = [str(i) for i in np.load(bundle / "item_ids.npy", allow_pickle=False)]
+    rng = np.random.default_rng(7)
+    return [{"history": rng.choice(catalogue, size=1 + i % 25, replace=False).tolist(), "k": 5 + i % 7,
+             "candidates": (20, 50)[i % 2], "rerank": i % 5 != 0, "personalize": i % 9 == 4} for i in range(n)]
+
+
+def _answer(response: httpx.Response) -> list[tuple[str, float, float]]:
+    assert response.status_code == 200, response.text
+    return [(i["item_id"], i["score"], i["retrieval_score"]) for i in response.json()["items"]]
+
+
+def test_concurrent_burst_is_batched_and_changes_no_answer(api: Server, client: httpx.Client, bundle: Path) -> None:
+    """50 concurrent requests: all 200, answered in batches of more than one, each answer equal to the one the
+    same request got alone."""
+    bodies = _bodies(bundle, 50)
+    alone = [_answer(client.post("/recommend", json=body)) for body in bodies]
+    before = metric_samples(client.get("/metrics").text, "seqrec_batch_size_bucket")
+
+    async def burst() -> list[httpx.Response]:
+        async with api.async_client() as session:
+            return list(await asyncio.gather(*(session.post("/recommend", json=body) for body in bodies)))
+
+    responses = asyncio.run(burst())
+    assert [r.status_code for r in responses] == [200] * len(bodies)
+    for body, response, expected in zip(bodies, responses, alone, strict=True):
+        got = _answer(response)
+        assert [i for i, _, _ in got] == [i for i, _, _ in expected], body
+        np.testing.assert_allclose([s for _, s, _ in got], [s for _, s, _ in expected], atol=1e-6, rtol=0)
+        np.testing.assert_allclose([r for _, _, r in got], [r for _, _, r in expected], atol=1e-6, rtol=0)
+
+    after = metric_samples(client.get("/metrics").text, "seqrec_batch_size_bucket")
+    single = after['{le="1.0"}'] - before.get('{le="1.0"}', 0.0)
+    batches = after['{le="+Inf"}'] - before.get('{le="+Inf"}', 0.0)
+    assert batches > single, f"no batch of more than one request in {batches:.0f} batches"
+    assert batches < len(bodies)

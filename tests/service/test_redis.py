@@ -1,0 +1,107 @@
+"""Histories in a real Redis: the shared one at 127.0.0.1:6379 (db 15, a unique key prefix, keys deleted
+afterwards), and a redis-server of this test's own that is killed and restarted under a running API."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.service.support import SHARED_REDIS, RedisServer, Server, serving
+
+
+@pytest.fixture(scope="module")
+def redis_api(bundle: Path, module_redis_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(tmp_path_factory.mktemp("redis-api"), artifacts=str(bundle), redis_url=SHARED_REDIS,
+                 redis_prefix=module_redis_prefix) as server:
+        yield server
+
+
+def _items(response: httpx.Response) -> list[tuple[str, float]]:
+    assert response.status_code == 200, response.text
+    return [(i["item_id"], i["score"]) for i in response.json()["items"]]
+
+
+def test_events_then_recommend_by_user_id(redis_api: Server, module_redis_prefix: str) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    with redis_api.client() as client:
+        ready = client.get("/readyz").json()
+        assert ready["status"] == "ready"
+        assert ready["store"] == {"kind": "redis", "reachable": True}
+
+        assert client.post("/events", json={"user_id": user, "item_id": "i1", "timestamp": 10}).status_code == 200
+        batch = {"events": [{"user_id": user, "item_id": i} for i in ("i2", "i3", "i999")]}
+        assert client.post("/events", json=batch).json() == {"stored": 3, "users": 1, "unknown_items": ["i999"]}
+
+        # what the service wrote is in Redis, under the configured prefix, one JSON entry per event
+        with redis.Redis.from_url(SHARED_REDIS) as raw:
+            entries = [json.loads(e) for e in raw.lrange(f"{module_redis_prefix}history:{user}", 0, -1)]
+        assert entries == [{"i": "i1", "t": 10.0}, {"i": "i2"}, {"i": "i3"}, {"i": "i999"}]
+        assert [e["item_id"] for e in client.get(f"/users/{user}/history").json()["items"]] == [
+            "i1", "i2", "i3", "i999"]
+
+        by_user = client.post("/recommend", json={"user_id": user, "k": 5})
+        assert by_user.json()["history_used"] == 3
+        assert by_user.json()["unknown_items"] == ["i999"]
+        assert _items(by_user) == _items(client.post("/recommend", json={"history": ["i1", "i2", "i3"], "k": 5}))
+
+        # trimmed to the model's max_len in Redis too
+        many = {"events": [{"user_id": user, "item_id": f"i{n}"} for n in range(10, 30)]}
+        assert client.post("/events", json=many).status_code == 200
+        stored = [e["item_id"] for e in client.get(f"/users/{user}/history").json()["items"]]
+        assert stored == [f"i{n}" for n in range(30 - ready["max_len"], 30)]
+
+        assert client.delete(f"/users/{user}/history").json()["deleted"] is True
+        assert client.post("/recommend", json={"user_id": user}).json()["fallback"] == "popularity"
+
+
+def _ok(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _unavailable(response: httpx.Response) -> None:
+    assert response.status_code == 503, response.text
+    assert "history store unavailable, retry later" in response.json()["detail"]
+    assert "Redis at redis://127.0.0.1:" in response.json()["detail"]
+    assert response.headers["retry-after"] == "1"
+    assert response.elapsed.total_seconds() < 2.0  # fails fast, no long retry loop
+
+
+def test_redis_killed_and_restarted(bundle: Path, redis_server: RedisServer, tmp_path: Path) -> None:
+    with serving(tmp_path / "api", artifacts=str(bundle), redis_url=redis_server.url,
+                 redis_timeout_ms="250") as api, api.client() as client:
+        event = {"user_id": "u1", "item_id": "i5"}
+        _ok(client.post("/events", json=event))
+        _ok(client.post("/events", json={"user_id": "u1", "item_id": "i7"}))
+        before = _items(client.post("/recommend", json={"user_id": "u1", "k": 5}))
+
+        redis_server.kill()
+        # an explicit history needs no store: still answered, the same as with the stored one
+        assert _items(client.post("/recommend", json={"history": ["i5", "i7"], "k": 5})) == before
+        _unavailable(client.post("/recommend", json={"user_id": "u1", "k": 5}))
+        _unavailable(client.post("/events", json=event))
+        _unavailable(client.post("/events", json={"events": [event, {"user_id": "u2", "item_id": "i1"}]}))
+        _unavailable(client.get("/users/u1/history"))
+        _unavailable(client.delete("/users/u1/history"))
+        ready = _ok(client.get("/readyz"))
+        assert ready["status"] == "degraded"
+        assert ready["store"] == {"kind": "redis", "reachable": False}
+        assert client.get("/healthz").status_code == 200
+
+        # the same port again (an empty Redis: nothing on disk); the API recovers at once, without a restart
+        redis_server.start()
+        assert _ok(client.get("/readyz"))["status"] == "ready"
+        _ok(client.post("/events", json={"user_id": "u1", "item_id": "i9"}))
+        assert [e["item_id"] for e in _ok(client.get("/users/u1/history"))["items"]] == ["i9"]
+        answer = _ok(client.post("/recommend", json={"user_id": "u1", "k": 5}))
+        assert answer["history_used"] == 1
+        assert answer["fallback"] is None
+        assert _ok(client.delete("/users/u1/history"))["deleted"] is True

@@ -1,0 +1,162 @@
+"""Hot reload: ``ARTIFACTS/current`` is switched atomically and ``POST /admin/reload`` loads what it names.
+A good bundle replaces the served one while requests keep being answered; a corrupt or shape-mismatched one
+is refused with the reason (409) and the old one keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.support import (
+    Server,
+    corrupt_weights,
+    metric_samples,
+    mismatch_shapes,
+    point_current,
+    serving,
+    train_bundle,
+)
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    root: Path
+    v1: Path
+    v2: Path
+    corrupt: Path
+    shapes: Path
+    empty: Path
+
+    def version(self, bundle: Path) -> str:
+        return str(json.loads((bundle / "manifest.json").read_text())["version"])
+
+
+@pytest.fixture(scope="module")
+def artifacts(bundle: Path, prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    root = tmp_path_factory.mktemp("artifacts")
+    v1 = Path(shutil.copytree(bundle, root / "v1"))
+    v2 = train_bundle(prepared, root / "v2", seed=4)
+    corrupt = Path(shutil.copytree(bundle, root / "corrupt"))
+    corrupt_weights(corrupt)
+    shapes = Path(shutil.copytree(bundle, root / "shapes"))
+    mismatch_shapes(shapes)
+    empty = root / "empty"
+    empty.mkdir()
+    point_current(root, v1)
+    found = Artifacts(root, v1, v2, corrupt, shapes, empty)
+    assert found.version(v1) != found.version(v2)
+    return found
+
+
+@pytest.fixture(scope="module")
+def server(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(tmp_path_factory.mktemp("reload-api"), artifacts=str(artifacts.root)) as api:
+        yield api
+
+
+@pytest.fixture
+def client(server: Server, artifacts: Artifacts) -> Iterator[httpx.Client]:
+    """A client; afterwards ``current`` names the bundle being served again, whatever the test did."""
+    with server.client() as c:
+        yield c
+        served = Path(c.get("/readyz").json()["path"])
+        point_current(artifacts.root, served)
+
+
+def _reload(client: httpx.Client, status: int = 200) -> dict[str, Any]:
+    response = client.post("/admin/reload")
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _serving(client: httpx.Client) -> str:
+    version: str = client.get("/readyz").json()["model_version"]
+    return version
+
+
+def test_nothing_changed(client: httpx.Client) -> None:
+    served = _serving(client)
+    body = _reload(client)
+    assert body["status"] == "unchanged"
+    assert body["model_version"] == body["previous_version"] == served
+
+
+def test_good_bundle_under_load(server: Server, client: httpx.Client, artifacts: Artifacts) -> None:
+    """Requests sent all through the reload are all answered (200), by the old model and then by the new."""
+    point_current(artifacts.root, artifacts.v1)
+    _reload(client)
+    v1, v2 = artifacts.version(artifacts.v1), artifacts.version(artifacts.v2)
+    assert _serving(client) == v1
+
+    async def scenario() -> tuple[dict[str, Any], list[httpx.Response], list[httpx.Response]]:
+        done = asyncio.Event()
+        async with server.async_client() as session:
+
+            async def load(n: int) -> list[httpx.Response]:
+                answers: list[httpx.Response] = []
+                while not done.is_set():
+                    body = {"history": [f"i{1 + (n + len(answers)) % 30}", "i40", "i2"], "k": 5}
+                    answers.append(await session.post("/recommend", json=body))
+                return answers
+
+            workers = [asyncio.create_task(load(n)) for n in range(4)]
+            await asyncio.sleep(0.3)
+            point_current(artifacts.root, artifacts.v2)
+            reload = await session.post("/admin/reload")
+            after = [await session.post("/recommend", json={"history": ["i1", "i2"], "k": 5}) for _ in range(3)]
+            await asyncio.sleep(0.2)
+            done.set()
+            during = [r for answers in await asyncio.gather(*workers) for r in answers]
+        assert reload.status_code == 200, reload.text
+        return reload.json(), during, after
+
+    reload, during, after = asyncio.run(scenario())
+    assert reload["status"] == "reloaded"
+    assert (reload["previous_version"], reload["model_version"]) == (v1, v2)
+    assert len(during) > 10
+    assert [r.status_code for r in during] == [200] * len(during)
+    versions = [r.json()["model_version"] for r in during]
+    assert set(versions) == {v1, v2}
+    assert versions.index(v2) > 0
+    assert {r.json()["model_version"] for r in after} == {v2}
+    ready = client.get("/readyz").json()
+    assert ready["model_version"] == v2
+    assert Path(ready["path"]) == artifacts.v2.resolve()
+    metrics = client.get("/metrics").text
+    assert metric_samples(metrics, "seqrec_model_info") == {f'{{ranker="lgbm",version="{v2}"}}': 1.0}
+    assert metric_samples(metrics, "seqrec_reloads_total")['{result="ok"}'] >= 1
+    assert _reload(client)["status"] == "unchanged"
+
+
+@pytest.mark.parametrize(("broken", "reason"), [
+    ("corrupt", "retriever.pt: checksum does not match the manifest"),
+    ("shapes", "retriever.pt: does not fit the config's model"),
+    ("empty", "manifest.json: missing; not a complete retriever artifact"),
+])
+def test_broken_bundle_is_refused(client: httpx.Client, artifacts: Artifacts, broken: str, reason: str) -> None:
+    served = client.get("/readyz").json()
+    before = client.post("/recommend", json={"history": ["i3", "i4"], "k": 5}).json()["items"]
+    point_current(artifacts.root, getattr(artifacts, broken))
+    response = client.post("/admin/reload")
+    assert response.status_code == 409, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith(f"bundle refused, still serving {served['model_version']}: ")
+    assert reason in detail
+    assert str(getattr(artifacts, broken)) in detail
+    # the old bundle keeps serving, unchanged
+    assert client.get("/readyz").json() == served
+    answer = client.post("/recommend", json={"history": ["i3", "i4"], "k": 5})
+    assert answer.status_code == 200
+    assert answer.json()["model_version"] == served["model_version"]
+    assert answer.json()["items"] == before
+    refused = metric_samples(client.get("/metrics").text, "seqrec_reloads_total")['{result="refused"}']
+    assert refused >= 1
