@@ -416,7 +416,7 @@ def add_bench_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     srv.add_argument("--artifact", type=Path, action="append", required=True,
                      help="bundle to serve (repeatable: one row per bundle)")
     srv.add_argument("--out", type=Path, required=True, help="folder for serve.{json,md}")
-    srv.add_argument("--rates", default="50,100,150,200,300,400,600,800,1200,1600,2400",
+    srv.add_argument("--rates", default="50,100,150,200,300,400,600,800,1200,1600,2400,3200,4800",
                      help="offered rates (requests/s), stepped up until one fails the target")
     srv.add_argument("--check-rate", type=float, default=100.0, help="the rate whose p99 is reported")
     srv.add_argument("--duration", type=float, default=10.0, help="seconds measured per rate")

@@ -348,11 +348,9 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
                                                     "max_batch", "max_wait_ms")}
-    for name, value in given.items():  # worker processes read their settings from the environment
-        if value is not None:
-            os.environ[f"SEQREC_{name.upper()}"] = str(value)
+    given = {name: value for name, value in given.items() if value is not None}
     try:
-        settings = Settings()
+        settings = Settings(**given)  # options override SEQREC_* variables
     except ValidationError as err:
         raise SeqrecError("invalid settings: " + "; ".join(
             f"SEQREC_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in err.errors())) from None
@@ -366,6 +364,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         uvicorn.run(create_app(settings, bundle=bundle), host=settings.host, port=settings.port,
                     log_level=settings.log_level)
     else:
+        for name, value in given.items():  # worker processes read their settings from the environment
+            os.environ[f"SEQREC_{name.upper()}"] = str(value)
         uvicorn.run("service.app:create_app", factory=True, workers=settings.workers, host=settings.host,
                     port=settings.port, log_level=settings.log_level)
     return 0
