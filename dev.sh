@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's set-up commands. Each one creates .venv and installs seqrec on first use.
-#   ./dev.sh demo    run the main job on the built-in synthetic dataset (no data, no services)
+#   ./dev.sh demo    run the main job on the built-in synthetic dataset and serve it (no data, no services)
 #   ./dev.sh test    run the default test suite (slow benchmarks excluded)
 #   ./dev.sh slow    run only the tests marked slow (long benchmarks; never in CI)
 #   ./dev.sh lint    ruff and mypy
@@ -25,20 +25,15 @@ setup() {
 }
 
 demo() {
-  local data=${SEQREC_DEMO_DATA:-data/demo} out=${SEQREC_DEMO_OUT:-artifacts/demo}
-  "$VENV/bin/seqrec" prepare --dataset synthetic --out "$data" --overwrite
-  "$VENV/bin/seqrec" evaluate --model popularity --data "$data"
-  rm -rf "$out" "$out.mining"
-  "$VENV/bin/seqrec" train --config configs/synthetic/transformer.yaml --data "$data" --out "$out"
-  "$VENV/bin/seqrec" train-ranker --artifact "$out" --data "$data" --kind lgbm -q
-  "$VENV/bin/seqrec" evaluate --artifact "$out" --data "$data" --ks 10
+  # The pipeline on the built-in synthetic dataset, then the service on :8000 (Ctrl-C stops it).
+  "$VENV/bin/seqrec" demo --out "${SEQREC_DEMO_OUT:-artifacts/demo}" "$@"
 }
 
 cmd=${1:-help}
 shift || true
 case "$cmd" in
   setup) setup ;;
-  demo) setup; demo ;;
+  demo) setup; demo "$@" ;;
   test) setup; "$VENV/bin/python" -m pytest -q "$@" ;;
   slow) setup; "$VENV/bin/python" -m pytest -q -m slow "$@" || [ $? -eq 5 ] ;;  # 5: none marked yet
   lint) setup; "$VENV/bin/ruff" check . && "$VENV/bin/mypy" ;;

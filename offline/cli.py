@@ -67,33 +67,21 @@ def _add_prepare(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from offline.datasets import MOVIELENS, ReaderOptions, read_dataset
-    from offline.prepare import Filters, prepare
+    from offline.datasets import ReaderOptions
+    from offline.prepare import Filters, prepare_dataset
 
-    filters = Filters(args.min_user_interactions, args.k_core, args.min_rating)
-    path = args.path
-    if args.download:
-        if args.dataset not in MOVIELENS:
-            raise SeqrecError(f"--download works for {', '.join(MOVIELENS)}, not {args.dataset}")
-        from offline.datasets.download import download_movielens
-
-        cache = args.cache_dir or Path(os.environ.get("SEQREC_CACHE", Path.home() / ".cache" / "seqrec"))
-        path = download_movielens(args.dataset, cache)
     synthetic = {
         name: getattr(args, name)
         for name in ("n_users", "n_items", "mean_length", "seed")
         if getattr(args, name) is not None
     }
-    if synthetic and args.dataset != "synthetic":
-        raise SeqrecError("--n-users/--n-items/--mean-length/--seed apply to --dataset synthetic only")
     options = ReaderOptions(
-        path=path, user_col=args.user_col, item_col=args.item_col, time_col=args.time_col or None,
+        path=args.path, user_col=args.user_col, item_col=args.item_col, time_col=args.time_col or None,
         sep=args.sep.encode().decode("unicode_escape"), items_path=args.items_path, synthetic=synthetic,
     )
-    log.info("reading %s from %s", args.dataset, path or "built-in generator")
-    raw = read_dataset(args.dataset, options)
-    extra = {"dataset": args.dataset, "synthetic_config": synthetic} if args.dataset == "synthetic" else None
-    manifest = prepare(raw, args.out, filters, overwrite=args.overwrite, extra=extra)
+    filters = Filters(args.min_user_interactions, args.k_core, args.min_rating)
+    manifest = prepare_dataset(args.dataset, args.out, options, filters, download=args.download,
+                               cache_dir=args.cache_dir, overwrite=args.overwrite)
     print(
         f"prepared {manifest['source']}: {manifest['users']:,} users, {manifest['items']:,} items, "
         f"{manifest['interactions']:,} interactions -> {args.out}"
@@ -371,6 +359,82 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+PIPELINES = Path(__file__).resolve().parents[1] / "configs" / "pipeline"
+
+
+def _add_pipeline(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "pipeline", parents=[common], help="prepare, train, mine, train the ranker, evaluate and publish a bundle",
+        description="Run the main job end to end from a pipeline config (configs/pipeline/*.yaml): prepare -> "
+        "train retriever -> export index -> mine -> train ranker -> evaluate -> publish. Publishing moves the "
+        "bundle into ARTIFACTS/versions/<version> and then switches ARTIFACTS/current atomically; a failing "
+        "stage never touches current. Prints stage times and the retriever and two-stage metrics.",
+        epilog="Roll out to a running service with `curl -X POST localhost:8000/admin/reload` (plus the API key).",
+    )
+    p.add_argument("--config", type=Path, default=os.environ.get("SEQREC_PIPELINE_CONFIG"),
+                   help="pipeline YAML (default $SEQREC_PIPELINE_CONFIG)")
+    p.add_argument("--out", type=Path, required=True, help="artifacts folder (versions/, current, work/)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the newest unfinished run of this config (a new run when there is none)")
+    p.add_argument("--keep", type=int, default=None, help="published versions to keep (default: the config's)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for training")
+    p.set_defaults(handler=_run_pipeline)
+
+
+def _run_pipeline(args: argparse.Namespace) -> int:
+    from offline.pipeline import run_pipeline, summary_table
+
+    if args.config is None:
+        raise SeqrecError("--config is required (or set SEQREC_PIPELINE_CONFIG); see configs/pipeline/")
+    if args.keep is not None and args.keep < 1:
+        raise SeqrecError(f"--keep must be >= 1, got {args.keep}")
+    _threads(args.threads)
+    summary = run_pipeline(args.config, args.out, resume=args.resume, keep=args.keep, threads=args.threads)
+    print(summary_table(summary))
+    return 0
+
+
+def _add_demo(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "demo", parents=[common], help="the embedded default: run the pipeline on built-in data and serve it",
+        description="Run `seqrec pipeline` on the built-in synthetic dataset (or, with --download, MovieLens-100K "
+        "from GroupLens), then serve the published bundle with the in-process history store and print a "
+        "curl example. Needs no data and no services.",
+    )
+    p.add_argument("--out", type=Path, default=Path("artifacts/demo"), help="artifacts folder")
+    p.add_argument("--download", action="store_true", help="MovieLens-100K from GroupLens instead of synthetic")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--no-serve", action="store_true", help="stop after publishing")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for training")
+    p.set_defaults(handler=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from offline.pipeline import run_pipeline, summary_table
+    from service.pipeline import load_bundle
+
+    _threads(args.threads)
+    config = PIPELINES / ("ml-100k-download.yaml" if args.download else "demo.yaml")
+    summary = run_pipeline(config, args.out, threads=args.threads)
+    print(summary_table(summary))
+    bundle = load_bundle(args.out / "current")
+    history = [bundle.external(int(i)) for i in bundle.popular[:3]]
+    body = json.dumps({"history": history, "k": 5})
+    print(f"\ntry it:\n  curl -s http://{args.host}:{args.port}/recommend -H 'content-type: application/json' "
+          f"-d '{body}'\n  (API docs: http://{args.host}:{args.port}/docs)\n", flush=True)
+    if args.no_serve:
+        return 0
+    import uvicorn
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    settings = Settings(artifacts=args.out, host=args.host, port=args.port, redis_url=None)
+    uvicorn.run(create_app(settings, bundle=bundle), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
 def _add_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     from offline.bench import add_bench_parser  # light at import: torch loads only when a bench runs
 
@@ -387,8 +451,8 @@ def _parse_ks(text: str) -> tuple[int, ...]:
     return ks
 
 
-COMMANDS = (_add_prepare, _add_train, _add_export, _add_evaluate, _add_mine, _add_train_ranker, _add_serve,
-            _add_bench)
+COMMANDS = (_add_prepare, _add_train, _add_export, _add_evaluate, _add_mine, _add_train_ranker, _add_pipeline,
+            _add_demo, _add_serve, _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

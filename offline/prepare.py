@@ -221,3 +221,27 @@ def _swap_in(staging: Path, out: Path) -> None:
     os.replace(out, retired / out.name)
     os.replace(staging, out)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+def prepare_dataset(dataset: str, out: str | Path, options: Any, filters: Filters | None = None, *,
+                    download: bool = False, cache_dir: Path | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """`seqrec prepare` as a function: read ``dataset`` (``options``: a ``ReaderOptions``; with
+    ``download``, fetch MovieLens from GroupLens into ``cache_dir`` or $SEQREC_CACHE first), then
+    ``prepare`` it into ``out``."""
+    from dataclasses import replace
+
+    from offline.datasets import MOVIELENS, read_dataset
+
+    if download:
+        if dataset not in MOVIELENS:
+            raise SeqrecError(f"--download works for {', '.join(MOVIELENS)}, not {dataset}")
+        from offline.datasets.download import download_movielens
+
+        cache = cache_dir or Path(os.environ.get("SEQREC_CACHE", Path.home() / ".cache" / "seqrec"))
+        options = replace(options, path=download_movielens(dataset, cache))
+    if options.synthetic and dataset != "synthetic":
+        raise SeqrecError("--n-users/--n-items/--mean-length/--seed apply to --dataset synthetic only")
+    log.info("reading %s from %s", dataset, options.path or "built-in generator")
+    raw = read_dataset(dataset, options)
+    extra = {"dataset": dataset, "synthetic_config": options.synthetic} if dataset == "synthetic" else None
+    return prepare(raw, out, filters, overwrite=overwrite, extra=extra)

@@ -1,0 +1,122 @@
+"""`seqrec pipeline`: every stage, atomic publishing, resume after a failure, pruning, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from offline import ranking
+from offline.cli import main
+from offline.pipeline import STAGES, load_pipeline_config
+
+TINY_RETRIEVER = {
+    "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10},
+    "train": {"epochs": 3, "batch_size": 64, "seed": 3, "threads": 1},
+}
+
+
+def _config(tmp_path: Path, *, keep: int = 3, kind: str = "lgbm", seed: int = 3, name: str = "pipeline") -> Path:
+    retriever = tmp_path / "tiny.yaml"
+    retriever.write_text(yaml.safe_dump(TINY_RETRIEVER))
+    config = {
+        "name": "tiny",
+        "data": {"dataset": "synthetic", "synthetic": {"n_users": 150, "n_items": 60, "mean_length": 12, "seed": 1}},
+        "retriever": "tiny.yaml",  # relative to the pipeline config
+        "overrides": {"train.seed": seed},
+        "ranker": {"kind": kind, "mining": "direct", "depth": 20},
+        "keep": keep,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _versions(artifacts: Path) -> list[str]:
+    return sorted(p.name for p in (artifacts / "versions").iterdir())
+
+
+def test_pipeline_runs_every_stage_and_publishes_atomically(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from service.pipeline import load_bundle
+
+    artifacts = tmp_path / "artifacts"
+    assert main(["pipeline", "--config", str(_config(tmp_path)), "--out", str(artifacts), "-q"]) == 0
+    out = capsys.readouterr().out
+    for stage in STAGES:
+        assert f"| {stage} |" in out
+    assert "| two-stage | test |" in out
+    assert "| retriever | valid |" in out
+    current = artifacts / "current"
+    assert current.is_symlink()
+    assert not os.path.isabs(os.readlink(current))  # relative: the folder can move (or be a volume)
+    (version,) = _versions(artifacts)
+    assert current.resolve() == (artifacts / "versions" / version).resolve()
+    bundle = load_bundle(current)  # checksums, ranker lineage and a smoke query
+    assert bundle.version == version
+    assert bundle.ranker is not None
+    assert bundle.ranker.kind == "lgbm"
+    record = json.loads((current / "pipeline.json").read_text())
+    assert list(record["stages"]) == list(STAGES[:-1])
+    assert record["stages"]["evaluate"]["system"] == "two-stage"
+    assert not (current / "run").exists()  # training checkpoints are not shipped
+    assert not list((artifacts / "work").iterdir())  # the run's work folder is gone after publishing
+
+
+def test_a_failing_stage_never_touches_current_and_resume_finishes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    artifacts = tmp_path / "artifacts"
+    assert main(["pipeline", "--config", str(_config(tmp_path, name="first")), "--out", str(artifacts), "-q"]) == 0
+    first = (artifacts / "current").resolve()
+    config = _config(tmp_path, seed=4)  # other weights, so another version
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("ranker exploded")
+
+    monkeypatch.setattr(ranking, "train_ranker", broken)
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "-q"]) == 1
+    assert "ranker exploded" in capsys.readouterr().err
+    assert (artifacts / "current").resolve() == first  # still the complete first bundle
+    (run,) = list((artifacts / "work").iterdir())
+    state = json.loads((run / "state.json").read_text())
+    assert list(state["stages"]) == ["prepare", "train", "export", "mine"]
+
+    monkeypatch.undo()
+    trained = json.loads((run / "bundle" / "manifest.json").read_text())["version"]
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "--resume", "-q"]) == 0
+    assert (artifacts / "current").resolve().name == trained  # resumed, not retrained
+    assert len(_versions(artifacts)) == 2
+    assert not list((artifacts / "work").iterdir())
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "--resume", "-q"]) == 0  # a new run
+    assert (artifacts / "current").resolve().name != first.name
+
+
+def test_old_versions_are_pruned_but_never_current(tmp_path: Path) -> None:
+    artifacts = tmp_path / "artifacts"
+    for seed in (3, 4):
+        config = _config(tmp_path, keep=1, kind="none", seed=seed)
+        assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "-q"]) == 0
+    (kept,) = _versions(artifacts)
+    assert (artifacts / "current").resolve().name == kept
+    assert not (artifacts / "current" / "ranker").exists()  # kind none: a retriever-only bundle
+
+
+def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["pipeline", "--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "a")]) == 1
+    assert "no such pipeline config" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"name": "x", "data": {"dataset": "synthetic"}, "retriever": "r.yaml",
+                                   "ranker": {"kind": "forest"}}))
+    assert main(["pipeline", "--config", str(bad), "--out", str(tmp_path / "a")]) == 1
+    err = capsys.readouterr().err
+    assert "ranker.kind" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["demo", "ml-100k-download", "ml-1m", "beauty"])
+def test_committed_pipeline_configs_are_valid(name: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    config = load_pipeline_config(root / "configs" / "pipeline" / f"{name}.yaml")
+    assert config.retriever.is_file()  # the retriever config it names exists
