@@ -16,147 +16,43 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Path, Request, Response, Security
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    StringConstraints,
-    model_serializer,
-)
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.pipeline import Bundle, BundleError, Engine, Query, load_bundle, resolve_bundle
+from service.schemas import (
+    INVALID,
+    METRICS,
+    REFUSED,
+    STORE_DOWN,
+    TOO_LARGE,
+    UNAUTHORIZED,
+    UNKNOWN_ITEM,
+    UNREADABLE,
+    DeleteResponse,
+    EventBatch,
+    EventIn,
+    EventsResponse,
+    HistoryResponse,
+    ItemResponse,
+    RecommendRequest,
+    RecommendResponse,
+    ReloadResponse,
+    Responses,
+)
 from service.settings import Settings
 from service.store import Event, HistoryStore, StoreUnavailable, make_store
 
 log = logging.getLogger("seqrec.service")
-
-MAX_HISTORY = 10_000  # items per request; the model reads its last max_len of them
-MAX_EVENTS = 1_000  # events per batch request
-
-
-def _id_string(value: Any) -> Any:
-    """Item ids may be sent as JSON ints or strings; both match the catalogue's external ids."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
-def _encodable(value: str) -> str:
-    """JSON escapes can spell lone surrogates ("\\ud800") that no response body or Redis key can encode."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode text (no lone surrogates)") from None
-    return value
-
-
-ItemId = Annotated[str, BeforeValidator(_id_string), StringConstraints(min_length=1, max_length=256),
-                   AfterValidator(_encodable)]
-UserId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_encodable)]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
-
-
-class RecommendRequest(Strict):
-    user_id: UserId | None = Field(None, description="use the stored history when `history` is absent")
-    history: list[ItemId] | None = Field(None, max_length=MAX_HISTORY,
-                                         description="item ids, oldest first; the last max_len are read")
-    k: int = Field(10, ge=1, le=1000, description="items to return")
-    candidates: int = Field(200, ge=1, le=2000, description="retrieval depth (at least k is retrieved)")
-    exclude_seen: bool = Field(True, description="never recommend an item of the history")
-    rerank: bool = Field(True, description="rerank the candidates with the bundle's ranker")
-    personalize: bool = Field(False, description="PCRec-simple: one gradient step on this history first "
-                                                 "(causal models; costs ~10-30 ms)")
-
-
-class RecommendedItem(BaseModel):
-    item_id: str
-    score: float
-    retrieval_score: float
-    rank: int
-    title: str | None = None
-    year: int | None = None
-    genres: list[str] | None = None
-    attributes: list[str] | None = None
-
-    # Unannotated on purpose: a return annotation would replace this model's schema in the OpenAPI document.
-    @model_serializer(mode="wrap")
-    def _catalogue_fields_only_when_known(self, handler: SerializerFunctionWrapHandler):
-        """title/year/genres/attributes appear when the catalogue has them (the response's `fallback` stays
-        present as null, which a route-wide `response_model_exclude_none` would drop)."""
-        return {name: value for name, value in handler(self).items() if value is not None}
-
-
-class Timing(BaseModel):
-    queue: float
-    encode: float
-    search: float
-    rerank: float
-    total: float
-
-
-class RecommendResponse(BaseModel):
-    items: list[RecommendedItem]
-    model_version: str
-    reranked: bool
-    unknown_items: list[str]
-    fallback: Literal["popularity"] | None
-    history_used: int = Field(description="known history items the model read")
-    timing_ms: Timing
-
-
-class EventIn(Strict):
-    user_id: UserId
-    item_id: ItemId
-    timestamp: float | None = Field(None, ge=0, le=1e11, description="unix seconds")
-
-
-class EventBatch(Strict):
-    events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS)
-
-
-class EventsResponse(BaseModel):
-    stored: int
-    users: int
-    unknown_items: list[str]
-
-
-class HistoryItem(BaseModel):
-    item_id: str
-    timestamp: float | None = None
-
-
-class HistoryResponse(BaseModel):
-    user_id: str
-    items: list[HistoryItem]
-
-
-class ItemResponse(BaseModel):
-    item_id: str
-    title: str | None = None
-    year: int | None = None
-    genres: list[str] | None = None
-    attributes: list[str] | None = None
-
-
-class ReloadResponse(BaseModel):
-    status: Literal["reloaded", "unchanged"]
-    model_version: str
-    previous_version: str
-    seconds: float
-
 
 class Metrics:
     """Prometheus metrics of one app (its own registry, so several apps can live in one process)."""
@@ -196,6 +92,10 @@ def _state(request: Request) -> State:
 
 
 StateDep = Annotated[State, Depends(_state)]
+# Declared in the OpenAPI document as the security scheme of the write routes; `require_key` checks it.
+BearerDep = Annotated[HTTPAuthorizationCredentials | None,
+                      Security(HTTPBearer(auto_error=False, description="SEQREC_API_KEY, needed on writes and /admin "
+                                                                        "when the service has one"))]
 
 
 def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None) -> FastAPI:
@@ -233,17 +133,17 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
     app = FastAPI(title="seqrec", version="0.1.0", lifespan=lifespan, max_body_size=settings.max_body_bytes,
                   description="Two-stage sequential recommendations: retrieval over a FAISS index, then reranking.")
 
-    async def require_key(request: Request) -> None:
-        key = settings.api_key_value()
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given.strip().encode(), key.encode()):
+    key = settings.api_key_value()
+    key_bytes = (key or "").encode()
+
+    async def require_key(credentials: BearerDep) -> None:
+        if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), key_bytes):
             raise HTTPException(401, "this endpoint needs `Authorization: Bearer <SEQREC_API_KEY>`",
                                 headers={"WWW-Authenticate": "Bearer"})
 
-    Writer = [Depends(require_key)]
+    # Without a key, writes are open, and the OpenAPI document says so (no security scheme, no 401).
+    Writer = [Depends(require_key)] if key is not None else []
+    unauthorized: Responses = UNAUTHORIZED if key is not None else {}
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -257,6 +157,16 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
             errors.append({"field": field, "message": message, "type": e.get("type")})
         message = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         return JSONResponse({"detail": message, "errors": jsonable_encoder(errors)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            # Starlette lists only the methods of the first route matching the path; RFC 9110 wants them all.
+            path = request.scope["path"]
+            methods = {m for r in request.app.router.routes if isinstance(r, APIRoute) and r.path_regex.match(path)
+                       for m in r.methods or ()}
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(methods))}
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(StoreUnavailable)
     async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
@@ -273,12 +183,14 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
             return response
         finally:
             route = request.scope.get("route")
-            name = getattr(route, "path", "unmatched")
+            name = getattr(route, "path_format", "unmatched")  # "/users/{user_id}/history", convertor-free
             metrics.requests.labels(name, request.method, str(status)).inc()
             metrics.latency.labels(name, request.method).observe(time.perf_counter() - start)
 
     @app.post("/recommend", response_model=RecommendResponse,
-              responses={503: {"description": "user_id-only request while the history store is unreachable"}})
+              responses={**UNREADABLE, **INVALID, **TOO_LARGE,
+                         503: {**STORE_DOWN[503], "description": "user_id-only request while the history store "
+                                                                  "is unreachable"}})
     async def recommend(body: RecommendRequest, s: StateDep) -> dict[str, Any]:
         start = time.perf_counter()
         bundle = s.engine.bundle
@@ -293,8 +205,9 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
         history = [j for j in known if j is not None]
         used = history[-bundle.max_len :]
         if body.personalize and not getattr(bundle.artifact.model.encoder, "causal", True):
-            raise HTTPException(422, "personalize needs a causal model; this bundle's backbone is "
-                                f"{bundle.artifact.manifest.get('backbone')}")
+            backbone = bundle.artifact.manifest.get("backbone")
+            raise RequestValidationError([{"loc": ("body", "personalize"), "type": "value_error",
+                                           "msg": f"needs a causal model; this bundle's backbone is {backbone}"}])
         if not used:
             s.metrics.fallbacks.labels("popularity").inc()
             seen = set(history) if body.exclude_seen else set()
@@ -321,7 +234,7 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
                               **result.timing_ms, "total": total}}
 
     @app.post("/events", response_model=EventsResponse, dependencies=Writer,
-              responses={503: {"description": "history store unreachable: nothing was stored, retry"}})
+              responses={**unauthorized, **UNREADABLE, **INVALID, **TOO_LARGE, **STORE_DOWN})
     async def events(body: EventIn | EventBatch, s: StateDep) -> dict[str, Any]:
         batch = body.events if isinstance(body, EventBatch) else [body]
         per_user: dict[str, list[Event]] = {}
@@ -336,17 +249,20 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
         unknown = list(dict.fromkeys(e.item_id for e in batch if e.item_id not in bundle.index_of))
         return {"stored": len(batch), "users": len(per_user), "unknown_items": unknown}
 
-    @app.get("/users/{user_id}/history", response_model=HistoryResponse, response_model_exclude_none=True)
+    @app.get("/users/{user_id:id}/history", response_model=HistoryResponse, response_model_exclude_none=True,
+             responses={**INVALID, **STORE_DOWN})
     async def get_history(user_id: Annotated[str, Path(min_length=1, max_length=256)], s: StateDep) -> dict[str, Any]:
         events = await s.store.history(user_id)
         return {"user_id": user_id, "items": [{"item_id": e.item_id, "timestamp": e.timestamp} for e in events]}
 
-    @app.delete("/users/{user_id}/history", dependencies=Writer)
+    @app.delete("/users/{user_id:id}/history", response_model=DeleteResponse, dependencies=Writer,
+                responses={**unauthorized, **INVALID, **STORE_DOWN})
     async def delete_history(user_id: Annotated[str, Path(min_length=1, max_length=256)],
                              s: StateDep) -> dict[str, Any]:
         return {"user_id": user_id, "deleted": await s.store.delete(user_id)}
 
-    @app.get("/items/{item_id}", response_model=ItemResponse, response_model_exclude_none=True)
+    @app.get("/items/{item_id:id}", response_model=ItemResponse, response_model_exclude_none=True,
+             responses={**UNKNOWN_ITEM, **INVALID})
     async def get_item(item_id: Annotated[str, Path(min_length=1, max_length=256)], s: StateDep) -> dict[str, Any]:
         bundle = s.engine.bundle
         internal = bundle.index_of.get(item_id)
@@ -364,12 +280,12 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
         return {"status": "ready" if reachable else "degraded", **s.engine.bundle.describe(),
                 "store": {"kind": s.store.name, "reachable": reachable}}
 
-    @app.get("/metrics", response_class=Response)
+    @app.get("/metrics", response_class=Response, responses=METRICS)
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/admin/reload", response_model=ReloadResponse, dependencies=Writer,
-              responses={409: {"description": "the new bundle was refused; the old one keeps serving"}})
+              responses={**unauthorized, **REFUSED, **TOO_LARGE})
     async def reload(s: StateDep) -> dict[str, Any]:
         start = time.perf_counter()
         try:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from offline.datasets.base import RawDataset
+from offline.datasets.base import RawDataset, drop_duplicate_interactions
+from offline.errors import SeqrecError
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,15 @@ def _tabular(options: ReaderOptions) -> RawDataset:
 def _synthetic(options: ReaderOptions) -> RawDataset:
     from offline.datasets.synthetic import SyntheticConfig, generate
 
-    return generate(SyntheticConfig(**(options.synthetic or {})))
+    try:
+        config = SyntheticConfig(**(options.synthetic or {}))
+    except ValueError as err:
+        raise SeqrecError(f"synthetic data: {err}") from None
+    return generate(config)
 
 
 def _required_path(options: ReaderOptions) -> Path:
     if options.path is None:
-        from offline.errors import SeqrecError
-
         raise SeqrecError("this dataset needs --path (or --download for MovieLens)")
     return options.path
 
@@ -82,8 +85,11 @@ MOVIELENS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m")
 
 
 def read_dataset(name: str, options: ReaderOptions) -> RawDataset:
+    """Read ``name``; rows of a file that repeat an earlier row's user, item and timestamp are dropped and
+    counted in a warning (see `drop_duplicate_interactions`); generated data is taken as generated."""
     try:
         reader = READERS[name]
     except KeyError:
         raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(READERS)}") from None
-    return reader(options)
+    raw = reader(options)
+    return drop_duplicate_interactions(raw) if raw.files else raw

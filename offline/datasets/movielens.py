@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from offline.datasets.base import ITEM, TIME, USER, RawDataset
 from offline.datasets.recbole import read_recbole
-from offline.datasets.textio import read_bytes, read_delimited
+from offline.datasets.textio import check_unique, read_bytes, read_delimited
 from offline.errors import DataError, SeqrecError
 
 OFFICIAL_BASE_URL = "https://files.grouplens.org/datasets/movielens"
@@ -62,6 +62,7 @@ RATING = "rating"
 _RATING_NAMES = [USER, ITEM, RATING, TIME]
 _RATING_TYPES = {RATING: pa.float64(), TIME: pa.int64()}
 _USER_TYPES = {"age": pa.int32()}
+_IDS = (USER, ITEM)
 
 
 def release(variant: str) -> Release:
@@ -94,7 +95,7 @@ def read_movielens(path: str | Path, variant: str) -> RawDataset:
 
 def _read_100k(folder: Path, variant: str) -> RawDataset:
     ratings = folder / "u.data"
-    interactions = read_delimited(ratings, sep="\t", names=_RATING_NAMES, types=_RATING_TYPES)
+    interactions = read_delimited(ratings, sep="\t", names=_RATING_NAMES, types=_RATING_TYPES, non_empty=_IDS)
     genre_path = folder / "u.genre"
     genres = _read_genre_names(genre_path) if genre_path.exists() else list(ML100K_GENRES)
     items_path = folder / "u.item"
@@ -103,6 +104,7 @@ def _read_100k(folder: Path, variant: str) -> RawDataset:
     if users_path.exists():
         names = [USER, "age", "gender", "occupation", "zip_code"]
         users = read_delimited(users_path, sep="|", names=names, types=_USER_TYPES)
+        check_unique(users[USER], users_path, USER, header=False)
     return RawDataset(
         source=variant,
         interactions=_interaction_columns(interactions),
@@ -131,6 +133,7 @@ def _read_100k_items(path: Path, genres: list[str]) -> pa.Table:
         encoding=_text_encoding(path),
         columns=[ITEM, "title", "release_date", *flags],
     )
+    check_unique(table[ITEM], path, ITEM, header=False)
     rows = zip(*(table[flag].to_pylist() for flag in flags), strict=True)
     genre_lists = [[g for g, on in zip(genres, row, strict=True) if on and g not in _NO_GENRE] for row in rows]
     titles_dates = zip(table["title"].to_pylist(), table["release_date"].to_pylist(), strict=True)
@@ -141,14 +144,16 @@ def _read_100k_items(path: Path, genres: list[str]) -> pa.Table:
 def _read_dat(folder: Path, variant: str) -> RawDataset:
     """1M and 10M: ratings.dat, movies.dat (``id::title::A|B``) and, for 1M, users.dat."""
     ratings = folder / "ratings.dat"
-    interactions = read_delimited(ratings, sep="::", names=_RATING_NAMES, types=_RATING_TYPES)
+    interactions = read_delimited(ratings, sep="::", names=_RATING_NAMES, types=_RATING_TYPES, non_empty=_IDS)
     movies = folder / "movies.dat"
     items = read_delimited(movies, sep="::", names=[ITEM, "title", "genres"], encoding=_text_encoding(movies))
+    check_unique(items[ITEM], movies, ITEM, header=False)
     users_path = folder / "users.dat"
     users = None
     if users_path.exists():
         names = [USER, "gender", "age", "occupation", "zip_code"]
         users = read_delimited(users_path, sep="::", names=names, types=_USER_TYPES)
+        check_unique(users[USER], users_path, USER, header=False)
     return RawDataset(
         source=variant,
         interactions=_interaction_columns(interactions),
@@ -167,9 +172,11 @@ def _read_csv(folder: Path, variant: str) -> RawDataset:
         header=True,
         types={RATING: pa.float64(), "timestamp": pa.int64()},
         columns=["userId", "movieId", RATING, "timestamp"],
+        non_empty=["userId", "movieId"],
     ).rename_columns(_RATING_NAMES)
     movies = folder / "movies.csv"
     items = read_delimited(movies, sep=",", header=True, quoted=True, columns=["movieId", "title", "genres"])
+    check_unique(items["movieId"], movies, ITEM, header=True)
     return RawDataset(
         source=variant,
         interactions=_interaction_columns(interactions),

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from offline.datasets.base import ITEM, TIME, USER, RawDataset, int_if_integral
-from offline.datasets.textio import header_fields, read_delimited
+from offline.datasets.textio import check_unique, header_fields, read_delimited, row_line
 from offline.errors import DataError
 
 _TYPES = ("token", "token_seq", "float", "float_seq")
@@ -69,7 +69,10 @@ def _inter_path(folder: Path, name: str | None) -> Path:
 def _fields(path: Path) -> dict[str, tuple[str, str]]:
     """Header ``name:type`` fields as name -> (header text, type), in file order."""
     fields: dict[str, tuple[str, str]] = {}
-    for text in header_fields(path, sep="\t"):
+    texts = header_fields(path, sep="\t")
+    if len(texts) == 1 and any(sep in texts[0] for sep in (",", ";", " ", "|")):
+        raise DataError(path, f"one header field {texts[0]!r}: fields are separated by tabs", line=1)
+    for text in texts:
         name, _, kind = text.rpartition(":")
         if not name or kind not in _TYPES:
             raise DataError(path, f"header field {text!r} is not name:type with a type in {_TYPES}", line=1)
@@ -86,7 +89,8 @@ def _read_interactions(path: Path) -> tuple[pa.Table, bool]:
             raise DataError(path, f"no {key!r} field in the header (fields: {', '.join(fields)})", line=1)
     wanted = [name for name in (USER, ITEM, TIME, RATING) if name in fields]
     numeric = {fields[name][0]: pa.float64() for name in (TIME, RATING) if name in fields}
-    table = read_delimited(path, sep="\t", header=True, types=numeric, columns=[fields[n][0] for n in wanted])
+    table = read_delimited(path, sep="\t", header=True, types=numeric, columns=[fields[n][0] for n in wanted],
+                           non_empty=[fields[USER][0], fields[ITEM][0]])
     table = table.rename_columns(wanted)
     if TIME in fields:
         table = table.set_column(wanted.index(TIME), TIME, int_if_integral(table[TIME]))
@@ -102,6 +106,7 @@ def _read_metadata(path: Path, key: str, known: dict[str, tuple[str, Converter]]
     if key not in fields:
         raise DataError(path, f"no {key!r} field in the header (fields: {', '.join(fields)})", line=1)
     table = read_delimited(path, sep="\t", header=True)
+    check_unique(table[fields[key][0]], path, key, header=True)
     columns: dict[str, pa.Array] = {}
     for name, (text, kind) in fields.items():
         column, convert = known.get(name, (name, _BY_TYPE[kind]))
@@ -148,8 +153,8 @@ def _float(value: str, index: int, path: Path, field: str) -> float | None:
     try:
         return float(value)
     except ValueError:
-        # Row index + header + 1-based numbering; exact unless the file has blank lines.
-        raise DataError(path, f"column {field!r}: {value!r} is not a float", line=index + 2) from None
+        raise DataError(path, f"column {field!r}: {value!r} is not a float",
+                        line=row_line(path, index, header=True)) from None
 
 
 _BY_TYPE: dict[str, Converter] = {

@@ -17,6 +17,8 @@ from offline.datasets.base import RawDataset, natural_key
 from offline.datasets.textio import read_bytes
 from offline.errors import DataError
 
+_BOM = b"\xef\xbb\xbf"  # some editors start UTF-8 files with one; it is no part of the first user id
+
 
 def find_s3rec_files(path: str | Path) -> tuple[Path, Path | None]:
     """The sequences file and its attributes file (None if absent) for a file or folder."""
@@ -57,7 +59,8 @@ def _read_lines(path: Path) -> tuple[list[str], list[str], np.ndarray]:
     items: list[str] = []
     lengths: list[int] = []
     first_line: dict[str, int] = {}
-    for number, raw in enumerate(read_bytes(path).split(b"\n"), start=1):
+    # splitlines: "\r" alone ends a line too, or a file with old Mac line ends would be one user.
+    for number, raw in enumerate(read_bytes(path).removeprefix(_BOM).splitlines(), start=1):
         raw = raw.strip()
         if not raw:
             continue
@@ -66,6 +69,9 @@ def _read_lines(path: Path) -> tuple[list[str], list[str], np.ndarray]:
         except UnicodeDecodeError as err:
             raise DataError(path, f"not valid utf-8 text (byte {err.start} of the line)", line=number) from None
         if len(fields) < 2:
+            if any(sep in fields[0] for sep in (",", ";", "|")):
+                raise DataError(path, f"expected 'user item [item ...]' separated by spaces, found one field "
+                                f"{fields[0][:60]!r}", line=number)
             raise DataError(path, "expected 'user item [item ...]', found a user with no items", line=number)
         user = fields[0]
         if user in first_line:
@@ -80,11 +86,19 @@ def _read_lines(path: Path) -> tuple[list[str], list[str], np.ndarray]:
 
 
 def _read_attributes(path: Path, item_ids: list[str]) -> pa.Table:
+    data = read_bytes(path)
     try:
-        mapping = json.loads(read_bytes(path))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        line = getattr(err, "lineno", None)
-        raise DataError(path, f"not valid JSON: {err}", line=line) from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line_start = data.rfind(b"\n", 0, err.start) + 1
+        raise DataError(path, f"not valid utf-8 text (byte {err.start - line_start} of the line)",
+                        line=data.count(b"\n", 0, err.start) + 1) from None
+    try:
+        mapping = json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as err:
+        raise DataError(path, f"not valid JSON: {err.msg} (column {err.colno})", line=err.lineno) from None
+    except _RepeatedKey as err:
+        raise DataError(path, f"item {err.args[0]!r} appears twice") from None
     if not isinstance(mapping, dict):
         raise DataError(path, "expected a JSON object mapping item id -> list of attribute ids")
     attributes = []
@@ -96,3 +110,17 @@ def _read_attributes(path: Path, item_ids: list[str]) -> pa.Table:
     return pa.table(
         {"item_id": pa.array(item_ids, pa.string()), "attributes": pa.array(attributes, pa.list_(pa.string()))}
     )
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are all distinct (json keeps the last of repeated keys, silently)."""
+    mapping: dict[str, object] = {}
+    for key, value in pairs:
+        if key in mapping:
+            raise _RepeatedKey(key)
+        mapping[key] = value
+    return mapping

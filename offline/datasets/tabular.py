@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from offline.datasets.base import RawDataset, int_if_integral
-from offline.datasets.textio import read_delimited
+from offline.datasets.textio import check_unique, one_line, read_delimited, row_line
 from offline.errors import DataError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -34,7 +34,7 @@ def read_tabular(
     """
     path = Path(path)
     wanted = [user_col, item_col] + ([time_col] if time_col else [])
-    table = _read_columns(path, wanted, sep)
+    table = _read_columns(path, wanted, sep, ids=[user_col, item_col])
     times = table.column(time_col).combine_chunks() if time_col else pa.array(np.arange(table.num_rows))
     interactions = pa.table(
         {
@@ -54,34 +54,57 @@ def read_tabular(
     )
 
 
-def _read_columns(path: Path, columns: list[str] | None, sep: str) -> pa.Table:
-    if path.suffix.lower() in PARQUET_SUFFIXES:
-        if not path.is_file():
-            raise DataError(path, "no such file")
-        try:
-            names = pq.read_schema(path).names
-        except (pa.ArrowInvalid, OSError) as err:
-            raise DataError(path, f"not a readable Parquet file: {err}") from None
+def _read_columns(path: Path, columns: list[str] | None, sep: str, ids: list[str] | None = None) -> pa.Table:
+    """``columns`` (None: all) of a Parquet file or a CSV with a header; ``ids``: columns where an empty CSV
+    field is an error (Parquet's nulls and empty strings are caught by `_as_string`)."""
+    if not _is_parquet(path):
+        return read_delimited(path, sep=sep, header=True, quoted=True, columns=columns, non_empty=ids or ())
+    if not path.is_file():
+        raise DataError(path, "no such file")
+    if path.stat().st_size == 0:
+        raise DataError(path, "file is empty")
+    try:
+        names = pq.read_schema(path).names
         missing = [c for c in columns or [] if c not in names]
         if missing:
             raise DataError(path, f"no column {missing[0]!r} (columns: {', '.join(names)})")
         table = pq.read_table(path, columns=columns)
-        if table.num_rows == 0:
-            raise DataError(path, "no data rows")
-        return table
-    return read_delimited(path, sep=sep, header=True, quoted=True, columns=columns)
+    except (pa.ArrowException, OSError) as err:  # a broken footer or a corrupt page
+        raise DataError(path, f"not a readable Parquet file: {one_line(err)}") from None
+    if table.num_rows == 0:
+        raise DataError(path, "no data rows")
+    return table
+
+
+def _is_parquet(path: Path) -> bool:
+    return path.suffix.lower() in PARQUET_SUFFIXES
+
+
+def _at(path: Path, row: int, message: str) -> DataError:
+    """An error about data row ``row``: named by its line in a CSV, by its number in Parquet."""
+    if _is_parquet(path):
+        return DataError(path, f"row {row + 1}: {message}")
+    return DataError(path, message, line=row_line(path, row, header=True))
 
 
 def _as_string(values: pa.Array, path: Path, column: str) -> pa.Array:
-    if values.null_count:
-        raise DataError(path, f"column {column!r} has {values.null_count} empty values")
-    return values if pa.types.is_string(values.type) else values.cast(pa.string())
+    """Ids as strings; a null or empty id is an error."""
+    try:
+        text = values if pa.types.is_string(values.type) else values.cast(pa.string())
+    except pa.ArrowException:
+        raise DataError(path, f"column {column!r} has type {values.type}, not ids") from None
+    empty = pc.or_kleene(pc.is_null(text), pc.equal(text, "")).fill_null(True)
+    if pc.any(empty).as_py():
+        first, count = int(pc.index(empty, True).as_py()), pc.sum(empty).as_py()
+        raise _at(path, first, f"column {column!r} has {count} empty value{'' if count == 1 else 's'}")
+    return text
 
 
 def _as_clock(values: pa.Array, path: Path, column: str) -> pa.Array:
     """Timestamps as int64 (or float64 when fractional), whatever the column held."""
     if values.null_count:
-        raise DataError(path, f"column {column!r} has {values.null_count} empty values")
+        first, count = int(pc.index(pc.is_null(values), True).as_py()), values.null_count
+        raise _at(path, first, f"column {column!r} has {count} empty value{'' if count == 1 else 's'}")
     if pa.types.is_string(values.type):
         values = _parse_time_strings(values, path, column)
     if pa.types.is_timestamp(values.type) or pa.types.is_date(values.type):
@@ -90,8 +113,9 @@ def _as_clock(values: pa.Array, path: Path, column: str) -> pa.Array:
     if pa.types.is_integer(values.type):
         return values.cast(pa.int64())
     if pa.types.is_floating(values.type):
-        if not np.isfinite(values.to_numpy(zero_copy_only=False)).all():
-            raise DataError(path, f"column {column!r} holds non-finite timestamps")
+        finite = np.isfinite(values.to_numpy(zero_copy_only=False))
+        if not finite.all():
+            raise _at(path, int(np.argmin(finite)), f"column {column!r} holds non-finite timestamps")
         return int_if_integral(values)
     raise DataError(path, f"column {column!r} has type {values.type}, not a number or a date")
 
@@ -103,8 +127,8 @@ def _parse_time_strings(values: pa.Array, path: Path, column: str) -> pa.Array:
     parsed = _cast_to_time(values)
     if parsed is not None:
         return parsed
-    bad = next(v for v in values.to_pylist() if _cast_to_time(pa.array([v])) is None)
-    raise DataError(path, f"column {column!r}: {bad!r} is neither a number nor an ISO date")
+    row, bad = next((row, v) for row, v in enumerate(values.to_pylist()) if _cast_to_time(pa.array([v])) is None)
+    raise _at(path, row, f"column {column!r}: {bad!r} is neither a number nor an ISO date")
 
 
 def _cast_to_time(values: pa.Array) -> pa.Array | None:
@@ -120,8 +144,10 @@ def _cast_to_time(values: pa.Array) -> pa.Array | None:
 def _read_items(path: Path, item_col: str, sep: str) -> pa.Table:
     table = _read_columns(path, None, sep)
     if item_col not in table.column_names:
-        raise DataError(path, f"no column {item_col!r} (columns: {', '.join(table.column_names)})")
+        raise DataError(path, f"no column {item_col!r} (columns: {', '.join(table.column_names)})",
+                        line=None if _is_parquet(path) else 1)
     columns = {"item_id": _as_string(table.column(item_col).combine_chunks(), path, item_col)}
+    check_unique(columns["item_id"], path, "item_id", header=None if _is_parquet(path) else True)
     for name in table.column_names:
         if name == item_col:
             continue

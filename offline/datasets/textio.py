@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from offline.errors import DataError
@@ -53,6 +54,7 @@ def read_delimited(
     encoding: str = "utf-8",
     quoted: bool = False,
     columns: Sequence[str] | None = None,
+    non_empty: Sequence[str] = (),
 ) -> pa.Table:
     """Read a delimited file into an Arrow table.
 
@@ -62,6 +64,7 @@ def read_delimited(
         columns are errors, never silent nulls.
     columns: keep only these columns (a missing one is an error naming the file).
     quoted: fields may be quoted ("a, b"), as in MovieLens 20M's movies.csv.
+    non_empty: string columns where an empty field is an error (ids), named with its line.
     """
     path = Path(path)
     if (names is None) == (not header):
@@ -70,9 +73,12 @@ def read_delimited(
     field_names = list(names) if names is not None else header_fields(path, sep=sep, encoding=encoding, quoted=quoted)
     types = dict(types or {})
     keep = list(columns) if columns is not None else field_names
-    unknown = [c for c in [*keep, *types] if c not in field_names]
+    unknown = [c for c in [*keep, *types, *non_empty] if c not in field_names]
     if unknown:
-        raise DataError(path, f"no column {unknown[0]!r} (columns: {', '.join(field_names)})")
+        listed, hint = ", ".join(field_names), ""
+        if header and len(field_names) == 1:
+            listed, hint = _shown(field_names[0]), f"; one column only: is '{_shown(sep)}' the separator?"
+        raise DataError(path, f"no column {unknown[0]!r} (columns: {listed}){hint}", line=1 if header else None)
 
     text = data
     if encoding.lower().replace("_", "-") not in ("utf-8", "ascii"):
@@ -99,11 +105,54 @@ def read_delimited(
     except (pa.ArrowInvalid, pa.ArrowKeyError, pa.ArrowTypeError) as err:
         line, reason = _first_bad_line(data, sep, field_names, types, header, encoding, quoted)
         if line is None:
-            raise DataError(path, f"cannot parse: {err}") from None
+            raise DataError(path, f"cannot parse: {one_line(err)}") from None
         raise DataError(path, reason, line=line) from None
     if table.num_rows == 0:
         raise DataError(path, "no data rows")
+    for name in non_empty:
+        empty = pc.equal(table.column(name), "").combine_chunks()
+        if pc.any(empty).as_py():
+            row = int(pc.index(empty, True).as_py())
+            raise DataError(path, f"column {name!r} is empty", line=row_line(path, row, header=header))
     return table
+
+
+def row_line(path: str | Path, row: int, *, header: bool) -> int:
+    """The line number of data row ``row`` (0-based) of a delimited file: blank lines hold no row (as for
+    pyarrow's reader), a header line comes first. For error messages only: it reads the file again."""
+    lines = read_bytes(path).split(b"\n")
+    seen = -1
+    for number, raw in enumerate(lines[1:] if header else lines, start=2 if header else 1):
+        if raw.rstrip(b"\r"):
+            seen += 1
+            if seen == row:
+                return number
+    raise ValueError(f"{path} has no data row {row}")
+
+
+def check_unique(values: pa.Array | pa.ChunkedArray, path: str | Path, what: str, *, header: bool | None) -> None:
+    """A key column (an item or user id of a metadata file) must not repeat: a DataError naming the second
+    line and the first. ``header`` None: the file has no lines (Parquet), so rows are named instead."""
+    if len(pc.unique(values)) == len(values):
+        return
+    first: dict[object, int] = {}
+    for row, value in enumerate(values.to_pylist()):
+        if value in first:
+            if header is None:
+                raise DataError(path, f"{what} {value!r} appears again in row {row + 1} (first in row "
+                                f"{first[value] + 1})")
+            raise DataError(path, f"{what} {value!r} appears again (first on line "
+                            f"{row_line(path, first[value], header=header)})", line=row_line(path, row, header=header))
+        first[value] = row
+
+
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line (pyarrow's span several): errors are one line on stderr."""
+    return " ".join(str(err).split())
+
+
+def _shown(sep: str) -> str:
+    return sep.encode("unicode_escape").decode()
 
 
 def _split(text: str, sep: str, quoted: bool) -> list[str]:
@@ -130,7 +179,7 @@ def _first_bad_line(
         kind = "int" if pa.types.is_integer(dtype) else "float" if pa.types.is_floating(dtype) else None
         if kind is not None:
             checks.append((names.index(name), name, kind))
-    shown_sep = sep.encode("unicode_escape").decode()
+    shown_sep = _shown(sep)
     for number, raw in enumerate(data.split(b"\n"), start=1):
         if header and number == 1:
             continue
@@ -146,6 +195,8 @@ def _first_bad_line(
         except csv.Error as err:
             return number, f"malformed quoting: {err}"
         if len(fields) != len(names):
+            if quoted and text.count('"') % 2:  # quotes inside a field are doubled, so they come in pairs
+                return number, "unclosed quote"
             return number, f"expected {len(names)} fields separated by '{shown_sep}', found {len(fields)}"
         for index, name, kind in checks:
             try:

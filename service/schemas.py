@@ -1,0 +1,199 @@
+"""The service's request and response models, and the error answers each route documents.
+
+Request bodies are strict (no silent coercion) and refuse unknown fields; ids may be JSON
+strings or integers and are matched as strings against the catalogue's external ids.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    WithJsonSchema,
+    model_serializer,
+)
+from starlette.convertors import PathConvertor, register_url_convertor
+
+MAX_HISTORY = 10_000  # items per request; the model reads its last max_len of them
+MAX_EVENTS = 1_000  # events per batch request
+
+
+def _id_string(value: Any) -> Any:
+    """Item ids may be sent as JSON ints or strings; both match the catalogue's external ids."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _encodable(value: str) -> str:
+    """JSON escapes can spell lone surrogates ("\\ud800") that no response body or Redis key can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (no lone surrogates)") from None
+    return value
+
+
+ItemId = Annotated[str, BeforeValidator(_id_string), StringConstraints(min_length=1, max_length=256),
+                   AfterValidator(_encodable),
+                   WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1, "maxLength": 256},
+                                             {"type": "integer"}]})]
+UserId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_encodable)]
+
+
+def _whole_number(value: Any) -> Any:
+    """JSON Schema counts 10.0 as an integer; strict pydantic would not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_whole_number)]
+
+
+class _AnyText(PathConvertor):
+    """Path segments for ids, which come unrestricted in JSON bodies: a client sends "a/b" or "a\nb" as %2F or
+    %0A, decoded before routing, so the default ``[^/]+`` (or ``path``'s ``.*``, blind to newlines) would 404."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("id", _AnyText())
+
+
+class Strict(BaseModel):
+    """Request bodies take what their schema says, no more: `"k": "10"`, `"rerank": 0` or `"timestamp": false`
+    are 422s, not silently coerced (item ids excepted: ints are documented and mapped to strings)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class RecommendRequest(Strict):
+    user_id: UserId | None = Field(None, description="use the stored history when `history` is absent")
+    history: list[ItemId] | None = Field(None, max_length=MAX_HISTORY,
+                                         description="item ids, oldest first; the last max_len are read")
+    k: Count = Field(10, ge=1, le=1000, description="items to return")
+    candidates: Count = Field(200, ge=1, le=2000, description="retrieval depth (at least k is retrieved)")
+    exclude_seen: bool = Field(True, description="never recommend an item of the history")
+    rerank: bool = Field(True, description="rerank the candidates with the bundle's ranker")
+    personalize: bool = Field(False, description="PCRec-simple: one gradient step on this history first "
+                                                 "(causal models; costs ~10-30 ms)")
+
+
+class RecommendedItem(BaseModel):
+    item_id: str
+    score: float
+    retrieval_score: float
+    rank: int
+    title: str | None = None
+    year: int | None = None
+    genres: list[str] | None = None
+    attributes: list[str] | None = None
+
+    # Unannotated on purpose: a return annotation would replace this model's schema in the OpenAPI document.
+    @model_serializer(mode="wrap")
+    def _catalogue_fields_only_when_known(self, handler: SerializerFunctionWrapHandler):
+        """title/year/genres/attributes appear when the catalogue has them (the response's `fallback` stays
+        present as null, which a route-wide `response_model_exclude_none` would drop)."""
+        return {name: value for name, value in handler(self).items() if value is not None}
+
+
+class Timing(BaseModel):
+    queue: float
+    encode: float
+    search: float
+    rerank: float
+    total: float
+
+
+class RecommendResponse(BaseModel):
+    items: list[RecommendedItem]
+    model_version: str
+    reranked: bool
+    unknown_items: list[str]
+    fallback: Literal["popularity"] | None
+    history_used: int = Field(description="known history items the model read")
+    timing_ms: Timing
+
+
+class EventIn(Strict):
+    user_id: UserId
+    item_id: ItemId
+    timestamp: float | None = Field(None, ge=0, le=1e11, description="unix seconds")
+
+
+class EventBatch(Strict):
+    events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS)
+
+
+class EventsResponse(BaseModel):
+    stored: int
+    users: int
+    unknown_items: list[str]
+
+
+class HistoryItem(BaseModel):
+    item_id: str
+    timestamp: float | None = None
+
+
+class HistoryResponse(BaseModel):
+    user_id: str
+    items: list[HistoryItem]
+
+
+class ItemResponse(BaseModel):
+    item_id: str
+    title: str | None = None
+    year: int | None = None
+    genres: list[str] | None = None
+    attributes: list[str] | None = None
+
+
+class ReloadResponse(BaseModel):
+    status: Literal["reloaded", "unchanged"]
+    model_version: str
+    previous_version: str
+    seconds: float
+
+
+class DeleteResponse(BaseModel):
+    user_id: str
+    deleted: bool = Field(description="whether there was a history to delete")
+
+
+class Problem(BaseModel):
+    detail: str
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="dotted path of the offending value: `history.3`, `path.user_id`, `body`")
+    message: str
+    type: str
+
+
+class InvalidRequest(BaseModel):
+    detail: str = Field(description="every field error on one line")
+    errors: list[FieldError]
+
+
+# The answers the routes really give besides 200, documented so that clients (and the schema fuzzer) can rely on them.
+Responses = dict[int | str, dict[str, Any]]
+TEXT = {"text/plain": {"schema": {"type": "string"}}}
+INVALID: Responses = {422: {"model": InvalidRequest, "description": "a field is missing, malformed or out of range"}}
+UNREADABLE: Responses = {400: {"model": Problem, "description": "the body is not text (not UTF-8), so not JSON"}}
+UNAUTHORIZED: Responses = {401: {"model": Problem, "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+                                  "description": "SEQREC_API_KEY is set and `Authorization: Bearer <key>` is not"}}
+TOO_LARGE: Responses = {413: {"description": "body over SEQREC_MAX_BODY_BYTES", "content": TEXT}}
+STORE_DOWN: Responses = {503: {"model": Problem, "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+                                "description": "history store unreachable: nothing was read or stored, retry"}}
+UNKNOWN_ITEM: Responses = {404: {"model": Problem, "description": "the item is not in the served catalogue"}}
+REFUSED: Responses = {409: {"model": Problem, "description": "the new bundle was refused; the old one keeps serving"}}
+METRICS: Responses = {200: {"description": "Prometheus text exposition", "content": TEXT}}
