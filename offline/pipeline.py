@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -271,8 +272,17 @@ def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any
                   "published_at": datetime.now(UTC).isoformat(timespec="seconds")}
         atomic_write(run.bundle / "pipeline.json", lambda p: p.write_text(json.dumps(record, indent=2, default=str)))
         os.replace(run.bundle, target)
+    _fault_point("publish-before-switch")
     switch_current(artifacts, target)
     return {"version": version, "path": str(target)}
+
+
+def _fault_point(name: str) -> None:
+    """Fault injection for the reliability tests: SEQREC_FAULT_INJECT=<name> kills this process
+    here with SIGKILL (as `kill -9` would), between two steps that must survive it."""
+    if os.environ.get("SEQREC_FAULT_INJECT") == name:
+        log.warning("fault injection: SIGKILL at %s", name)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def switch_current(artifacts: Path, target: Path) -> None:
