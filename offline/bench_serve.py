@@ -110,6 +110,15 @@ def _is_ready(url: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class RunningServer:
+    """A started server process: its base URL, its pid (for RSS and the like) and its output file."""
+
+    url: str
+    pid: int
+    log: Path  # stdout + stderr of the process; removed when the server stops
+
+
 @contextlib.contextmanager
 def start_server(app_spec: str, env: dict[str, str] | None = None, port: int | None = None, *,
                  ready_timeout_s: float = 60.0) -> Iterator[str]:
@@ -117,7 +126,16 @@ def start_server(app_spec: str, env: dict[str, str] | None = None, port: int | N
     GET /readyz answers 2xx; stop it (SIGTERM, then SIGKILL after 10 s) on exit.
 
     ``env`` is added to this process's environment (e.g. SEQREC_ARTIFACTS, SEQREC_THREADS=1).
+    ``start_server_process`` does the same and yields the process's pid and output file too.
     """
+    with start_server_process(app_spec, env, port, ready_timeout_s=ready_timeout_s) as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def start_server_process(app_spec: str, env: dict[str, str] | None = None, port: int | None = None, *,
+                         ready_timeout_s: float = 60.0) -> Iterator[RunningServer]:
+    """``start_server``, yielding a ``RunningServer`` (a single uvicorn process: its pid serves the requests)."""
     port = free_port() if port is None else port
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "uvicorn", app_spec, "--factory", "--host", "127.0.0.1", "--port", str(port),
@@ -138,7 +156,7 @@ def start_server(app_spec: str, env: dict[str, str] | None = None, port: int | N
                                       f"its output ends:\n{_tail(output)}")
                 time.sleep(0.1)
             log.info("%s ready at %s (pid %d)", app_spec, url, process.pid)
-            yield url
+            yield RunningServer(url, process.pid, output)
         finally:
             _stop(process)
 
