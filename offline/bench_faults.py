@@ -270,11 +270,18 @@ def broken_copy(bundle: Path, dest: Path, kind: str) -> str:
     items.faiss flipped, the size unchanged. shapes: config.json's d_model doubled with its checksum
     rewritten, so every checksum passes and only loading the weights can tell. incomplete: items.faiss
     missing."""
+    if kind not in BREAKS:
+        raise SeqrecError(f"unknown break {kind!r}; expected one of {', '.join(BREAKS)}")
+    shutil.copytree(bundle, dest)
+    return break_bundle(dest, kind)
+
+
+def break_bundle(dest: Path, kind: str) -> str:
+    """Break the bundle in ``dest`` in place, as `broken_copy` describes; returns what refuses it."""
     from retriever.atomic import sha256_file
 
     if kind not in BREAKS:
         raise SeqrecError(f"unknown break {kind!r}; expected one of {', '.join(BREAKS)}")
-    shutil.copytree(bundle, dest)
     if kind == "truncated":
         weights = dest / "retriever.pt"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])

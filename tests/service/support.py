@@ -3,7 +3,6 @@ free ports, and the tiny bundles the tests serve."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from offline.bench_faults import break_bundle
 from offline.cli import main as seqrec
 
 SHARED_REDIS = "redis://127.0.0.1:6379/15"
@@ -69,22 +69,13 @@ def point_current(artifacts: Path, target: Path) -> None:
 
 def corrupt_weights(bundle: Path) -> None:
     """Truncate retriever.pt: its checksum no longer matches the manifest."""
-    weights = bundle / "retriever.pt"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    break_bundle(bundle, "truncated")
 
 
 def mismatch_shapes(bundle: Path) -> None:
     """Double d_model in config.json and rewrite its checksum in the manifest: the checksums all pass, so only
     loading the weights into the model the config describes can catch it."""
-    from retriever.atomic import sha256_file
-
-    config_file, manifest_file = bundle / "config.json", bundle / "manifest.json"
-    config = json.loads(config_file.read_text())
-    config["model"]["d_model"] *= 2
-    config_file.write_text(json.dumps(config, indent=2))
-    manifest = json.loads(manifest_file.read_text())
-    manifest["sha256"]["config.json"] = sha256_file(config_file)
-    manifest_file.write_text(json.dumps(manifest, indent=2))
+    break_bundle(bundle, "shapes")
 
 
 class Server:
