@@ -8,6 +8,7 @@ steady as the machine: ``wait_until_idle`` waits for trainings to end first.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 from collections.abc import Sequence
@@ -83,12 +84,17 @@ def soak(url: str, pid: int, catalogue: Sequence[str], *, rate: float, minutes: 
             "passed": all(checks.values())}
 
 
-def busy_processes(patterns: Sequence[str] = ("seqrec pipeline", "seqrec train")) -> list[str]:
-    """Command lines of running processes that match ``patterns`` (trainings that would skew timings)."""
+BUSY = (r"(seqrec|offline\.cli) (pipeline|train|train-ranker|mine|bench|demo)", r"pytest")
+
+
+def busy_processes(patterns: Sequence[str] = BUSY) -> list[str]:
+    """Command lines of running processes that match ``patterns`` (regular expressions: trainings, benchmarks
+    and test runs that would skew timings), this process excluded."""
     found = []
     for pattern in patterns:
         result = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
-        found += [line for line in result.stdout.splitlines() if line.strip()]
+        found += [line for line in result.stdout.splitlines()
+                  if line.strip() and line.split(maxsplit=1)[0] != str(os.getpid())]
     return found
 
 
