@@ -4,7 +4,8 @@
 
 Settings come from ``SEQREC_*`` environment variables (`service.settings.Settings`). Client
 mistakes get a 4xx with a message naming the field; an unreachable Redis gets a 503 only where
-the stored history is needed (`user_id`-only requests, events, history reads and deletes).
+the stored history is needed (`user_id`-only requests, events, history reads and deletes). ``GET /`` serves
+a page to try the service in a browser (``service/static``, plain HTML and JS).
 """
 
 from __future__ import annotations
@@ -16,21 +17,25 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path as PathlibPath
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Request, Response, Security
+from fastapi import Query as Param
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.pipeline import Bundle, BundleError, Engine, Query, load_bundle, resolve_bundle
 from service.schemas import (
     INVALID,
+    MAX_QUERY,
     METRICS,
     REFUSED,
     STORE_DOWN,
@@ -48,11 +53,14 @@ from service.schemas import (
     RecommendResponse,
     ReloadResponse,
     Responses,
+    SearchResponse,
 )
 from service.settings import Settings
 from service.store import Event, HistoryStore, StoreUnavailable, make_store
 
 log = logging.getLogger("seqrec.service")
+STATIC = PathlibPath(__file__).parent / "static"  # the try-it page served at /
+SEARCH = "an item id, an id prefix or part of a title (case-insensitive); empty: the most popular items"
 
 class Metrics:
     """Prometheus metrics of one app (its own registry, so several apps can live in one process)."""
@@ -261,6 +269,15 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
                              s: StateDep) -> dict[str, Any]:
         return {"user_id": user_id, "deleted": await s.store.delete(user_id)}
 
+    @app.get("/items", response_model=SearchResponse, response_model_exclude_none=True, responses=INVALID)
+    async def find_items(s: StateDep, query: Annotated[str, Param(max_length=MAX_QUERY, description=SEARCH)] = "",
+                         limit: Annotated[int, Param(ge=1, le=100)] = 20) -> dict[str, Any]:
+        bundle = s.engine.bundle
+        found, more = bundle.find(query, limit)
+        items = [{"item_id": bundle.external(i), "popularity_rank": int(bundle.popularity_rank[i]),
+                  **bundle.metadata[i - 1]} for i in found]
+        return {"query": query, "items": items, "more": more}
+
     @app.get("/items/{item_id:id}", response_model=ItemResponse, response_model_exclude_none=True,
              responses={**UNKNOWN_ITEM, **INVALID})
     async def get_item(item_id: Annotated[str, Path(min_length=1, max_length=256)], s: StateDep) -> dict[str, Any]:
@@ -269,6 +286,12 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
         if internal is None:
             raise HTTPException(404, f"item {item_id!r} is not in the catalogue of model {bundle.version}")
         return {"item_id": item_id, **bundle.metadata[internal - 1]}
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -59,6 +59,17 @@ class Bundle:
     popular: np.ndarray  # internal ids, most popular first (the cold-start answer)
     popularity: np.ndarray  # (n_items + 1,) training counts (or the ranker's popularity), the fallback's score
     loaded_at: float = field(default_factory=time.time)
+    # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.
+    _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
+    popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular
+
+    def __post_init__(self) -> None:
+        order = self.popular.tolist()
+        rows = [(i, self.external(i), str(self.metadata[i - 1].get("title", "")).casefold()) for i in order]
+        rank = np.zeros(self.n_items + 1, dtype=np.int64)
+        rank[self.popular] = np.arange(1, len(order) + 1)
+        object.__setattr__(self, "_by_popularity", rows)
+        object.__setattr__(self, "popularity_rank", rank)
 
     @property
     def version(self) -> str:
@@ -74,6 +85,21 @@ class Bundle:
 
     def external(self, internal: int) -> str:
         return str(self.artifact.item_ids[internal - 1])
+
+    def find(self, query: str, limit: int) -> tuple[list[int], bool]:
+        """Internal ids matching ``query``, at most ``limit``, and whether more match: the item whose id is
+        ``query`` first, then, most popular first, items whose id starts with it or whose title contains it
+        (case-insensitively). An empty query lists the most popular items."""
+        query = query.strip()
+        exact = self.index_of.get(query)
+        found = [] if exact is None else [exact]
+        needle = query.casefold()
+        for internal, item_id, title in self._by_popularity:
+            if internal != exact and (item_id.startswith(query) or needle in title):
+                found.append(internal)
+                if len(found) > limit:
+                    break
+        return found[:limit], len(found) > limit
 
     def describe(self) -> dict[str, Any]:
         manifest = self.artifact.manifest

@@ -23,6 +23,7 @@ from starlette.convertors import PathConvertor, register_url_convertor
 
 MAX_HISTORY = 10_000  # items per request; the model reads its last max_len of them
 MAX_EVENTS = 1_000  # events per batch request
+MAX_QUERY = 200  # characters of a catalogue search
 
 
 def _id_string(value: Any) -> Any:
@@ -155,6 +156,17 @@ class ItemResponse(BaseModel):
     year: int | None = None
     genres: list[str] | None = None
     attributes: list[str] | None = None
+
+
+class FoundItem(ItemResponse):
+    popularity_rank: int = Field(description="1 = the most popular training item")
+
+
+class SearchResponse(BaseModel):
+    query: str
+    items: list[FoundItem] = Field(description="the item whose id is the query first, then id-prefix and "
+                                               "title matches, most popular first")
+    more: bool = Field(description="more items match than `limit`")
 
 
 class ReloadResponse(BaseModel):

@@ -1,0 +1,236 @@
+"""The try-it page at ``/`` in headless Chromium (Debian's ``chromium`` + ``chromium-driver``, driven by Selenium)
+against a real server on the tiny bundle with its LightGBM ranker: search, add three items (one by keyboard),
+recommend, compare the retriever's and the reranker's orders, toggle rerank, reorder and remove, ask for the API
+key on a save. Screenshots go to ``test-artifacts/web/`` at the repository root (ignored by git).
+
+Without /usr/bin/chromium the test is skipped, except in CI (``CI=true``), where it fails."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.support import REPO, Server, serving
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+ARTIFACTS = REPO / "test-artifacts" / "web"
+KEY = "web-key"
+WAIT_S = 20
+
+
+def _browser_or_skip() -> None:
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package (pip install -e '.[dev]')")
+    if not missing:
+        return
+    reason = f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the browser test, but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    _browser_or_skip()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1280,1600"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+@pytest.fixture(scope="module")
+def keyed(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(tmp_path_factory.mktemp("web-keyed"), artifacts=str(bundle), api_key=KEY) as server:
+        yield server
+
+
+def _orders(server: Server, history: list[str], k: int) -> tuple[list[str], list[str]]:
+    orders = []
+    for rerank in (False, True):
+        answer = httpx.post(f"{server.url}/recommend", json={"history": history, "k": k, "rerank": rerank}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["reranked"] is rerank
+        orders.append([item["item_id"] for item in answer.json()["items"]])
+    return orders[0], orders[1]
+
+
+def _history_that_reranks(server: Server, k: int) -> tuple[list[str], list[str], list[str]]:
+    """Three popular items whose retriever and reranked top-k differ, asked of the API first."""
+    popular = [i["item_id"] for i in httpx.get(f"{server.url}/items", params={"limit": 12}).json()["items"]]
+    for history in itertools.combinations(popular, 3):
+        retrieved, reranked = _orders(server, list(history), k)
+        if retrieved != reranked:
+            return list(history), retrieved, reranked
+    pytest.fail("the ranker keeps the retriever's order for every history tried: nothing to compare")
+
+
+def _item_ids(driver: Any, selector: str) -> list[str]:
+    """The data-item-id of every element ``selector`` finds, read in one go (lists are re-rendered as a whole)."""
+    ids: list[str] = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((e) => e.dataset.itemId)", selector)
+    return ids
+
+
+def _ids(driver: Any, list_id: str) -> list[str]:
+    return _item_ids(driver, f"#{list_id} > li")
+
+
+def _wait(driver: Any, condition: Any, what: str) -> Any:
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, WAIT_S).until(condition)
+    except TimeoutException:
+        error = driver.find_element("id", "error").text
+        pytest.fail(f"timed out waiting for {what}; the page says: {error or '(no error)'}")
+
+
+def _add_by_search(driver: Any, item_id: str, *, keyboard: bool) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    box = driver.find_element(By.ID, "search")
+    box.clear()
+    box.send_keys(item_id, Keys.ENTER)
+    _wait(driver, lambda d: _ids_of_picks(d)[:1] == [item_id], f"search results for {item_id}")
+    first = driver.find_element(By.CSS_SELECTOR, "#search-results button.pick")
+    if keyboard:  # a real <button>: focusable, and Enter activates it
+        driver.execute_script("arguments[0].focus()", first)
+        assert driver.switch_to.active_element == first
+        first.send_keys(Keys.ENTER)
+    else:
+        first.click()
+
+
+def _ids_of_picks(driver: Any) -> list[str]:
+    return _item_ids(driver, "#search-results .pick")
+
+
+def _full_page_screenshot(driver: Any, path: Path) -> None:
+    """The window grown to the page's height (headless Chromium shoots the window only), then restored."""
+    size = driver.get_window_size()
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(size["width"], min(height + 150, 6000))
+    assert driver.save_screenshot(str(path)), f"no screenshot written to {path}"
+    driver.set_window_size(size["width"], size["height"])
+
+
+def _console_errors(driver: Any) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_search_build_history_and_compare_orders(driver: Any, api: Server) -> None:
+    from selenium.webdriver.common.by import By
+
+    k = 10
+    history, retrieved, reranked = _history_that_reranks(api, k)
+    driver.get(f"{api.url}/")
+    _wait(driver, lambda d: "lgbm ranker" in d.find_element(By.ID, "model").text, "the model line")
+
+    # Search by title first: every result is a button naming a title.
+    box = driver.find_element(By.ID, "search")
+    box.send_keys("item 1\n")
+    _wait(driver, lambda d: len(_ids_of_picks(d)) > 1, "title search results")
+    assert all("Item 1" in b.text for b in driver.find_elements(By.CSS_SELECTOR, "#search-results .pick"))
+    assert "found" in driver.find_element(By.ID, "search-status").text
+
+    for n, item in enumerate(history):
+        _add_by_search(driver, item, keyboard=n == 1)
+    _wait(driver, lambda d: _ids(d, "history") == history, "the history of three items")
+
+    driver.find_element(By.ID, "k").clear()
+    driver.find_element(By.ID, "k").send_keys(str(k))
+    driver.find_element(By.ID, "recommend").click()
+    _wait(driver, lambda d: len(_ids(d, "reranked")) == k and len(_ids(d, "retrieved")) == k, "both orders")
+    assert _ids(driver, "retrieved") == retrieved
+    assert _ids(driver, "reranked") == reranked
+    assert driver.find_element(By.ID, "reranked-col").is_displayed()
+    marks = [m.text for m in driver.find_elements(By.CSS_SELECTOR, "#reranked .moved")]
+    assert any(m.startswith(("↑", "↓")) or m == "new" for m in marks), marks
+    for position, item in enumerate(reranked):  # the marks say where each item stood in the retriever's order
+        expected = "new" if item not in retrieved else (
+            "=" if retrieved.index(item) == position else
+            f"↑{retrieved.index(item) - position}" if retrieved.index(item) > position else
+            f"↓{position - retrieved.index(item)}")
+        assert marks[position] == expected
+    first = driver.find_element(By.CSS_SELECTOR, "#reranked > li").text
+    assert "score" in first
+    assert "retrieval" in first
+    assert "Item" in first
+    assert "total" in driver.find_element(By.ID, "reranked-timing").text
+    assert "rerank" in driver.find_element(By.ID, "retrieved-timing").text
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    _full_page_screenshot(driver, ARTIFACTS / "compare.png")
+
+    # Rerank off: only the retriever's order shows, and it is not the order shown first.
+    driver.find_element(By.ID, "rerank").click()
+    _wait(driver, lambda d: not d.find_element(By.ID, "reranked-col").is_displayed(), "the reranked column to go")
+    shown = [li.get_attribute("data-item-id") for li in driver.find_elements(By.CSS_SELECTOR, "#results li")
+             if li.is_displayed()]
+    assert shown == retrieved != reranked
+    driver.find_element(By.ID, "rerank").click()
+    assert driver.find_element(By.ID, "reranked-col").is_displayed()
+
+    # Reorder and remove: the history follows.
+    driver.find_element(By.CSS_SELECTOR, "#history > li:nth-child(3) button.up").click()
+    assert _ids(driver, "history") == [history[0], history[2], history[1]]
+    assert driver.switch_to.active_element.get_attribute("class") == "up"  # focus stays on the moved item
+    driver.find_element(By.CSS_SELECTOR, "#history > li:nth-child(1) button.remove").click()
+    assert _ids(driver, "history") == [history[2], history[1]]
+
+    # Phone width: nothing wider than the screen.
+    driver.set_window_size(375, 1400)
+    width = driver.execute_script("return document.documentElement.scrollWidth")
+    inner = driver.execute_script("return window.innerWidth")
+    _full_page_screenshot(driver, ARTIFACTS / "phone.png")
+    driver.set_window_size(1280, 1600)
+    assert width <= inner, f"the page is {width} px wide in a {inner} px window"
+    assert not _console_errors(driver)
+
+
+def test_load_a_stored_history_and_save_with_the_key(driver: Any, keyed: Server) -> None:
+    from selenium.webdriver.common.by import By
+
+    stored = [i["item_id"] for i in httpx.get(f"{keyed.url}/items", params={"limit": 2}).json()["items"]]
+    events = [{"user_id": "web-alice", "item_id": item, "timestamp": 1000 + n} for n, item in enumerate(stored)]
+    assert httpx.post(f"{keyed.url}/events", json={"events": events}, headers={"Authorization": f"Bearer {KEY}"}
+                      ).status_code == 200
+    driver.get(f"{keyed.url}/")
+    driver.find_element(By.ID, "user-id").send_keys("web-alice")
+    driver.find_element(By.ID, "load-user").click()  # reads need no key
+    _wait(driver, lambda d: _ids(d, "history") == stored, "the stored history")
+
+    driver.find_element(By.ID, "user-id").clear()
+    driver.find_element(By.ID, "user-id").send_keys("web-bob")
+    driver.find_element(By.ID, "save-user").click()
+    _wait(driver, lambda d: d.find_element(By.ID, "key-row").is_displayed(), "the API key prompt")
+    assert "API key" in driver.find_element(By.ID, "error").text
+    assert driver.switch_to.active_element.get_attribute("id") == "api-key"
+    driver.find_element(By.ID, "api-key").send_keys(KEY)
+    driver.find_element(By.ID, "save-with-key").click()
+    _wait(driver, lambda d: "Saved 2 events" in d.find_element(By.ID, "history-status").text, "the save")
+    saved = httpx.get(f"{keyed.url}/users/web-bob/history").json()["items"]
+    assert [e["item_id"] for e in saved] == stored
+    # 401s in the console are the expected first save; nothing else may fail.
+    assert not [e for e in _console_errors(driver) if "401" not in e]
+
