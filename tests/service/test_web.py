@@ -1,5 +1,6 @@
 """The try-it page at ``/`` in headless Chromium (Debian's ``chromium`` + ``chromium-driver``, driven by Selenium)
-against a real server on the tiny bundle with its LightGBM ranker: search, add three items (one by keyboard),
+against a real server on the tiny bundle with its LightGBM ranker (or, with SEQREC_WEB_TEST_ARTIFACTS=DIR, on
+the bundle DIR serves, e.g. the demo's): search, add three items (one by keyboard),
 recommend, compare the retriever's and the reranker's orders, toggle rerank, reorder and remove, ask for the API
 key on a save. Screenshots go to ``test-artifacts/web/`` at the repository root (ignored by git).
 
@@ -55,6 +56,17 @@ def driver() -> Iterator[Any]:
         yield browser
     finally:
         browser.quit()
+
+
+@pytest.fixture(scope="module")
+def page_api(api: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The shared tiny-bundle server, or one on SEQREC_WEB_TEST_ARTIFACTS (e.g. the demo's `artifacts/demo`)."""
+    artifacts = os.environ.get("SEQREC_WEB_TEST_ARTIFACTS")
+    if not artifacts:
+        yield api
+        return
+    with serving(tmp_path_factory.mktemp("web-demo"), artifacts=artifacts) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +151,8 @@ def _console_errors(driver: Any) -> list[str]:
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
-def test_search_build_history_and_compare_orders(driver: Any, api: Server) -> None:
+def test_search_build_history_and_compare_orders(driver: Any, page_api: Server) -> None:
+    api = page_api
     from selenium.webdriver.common.by import By
 
     k = 10
