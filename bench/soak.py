@@ -12,7 +12,8 @@ target is missed: every window's p99 within 20 % of the first window's, RSS at m
 first window's, 0 errors, no traceback in the server's log.
 
 Other processes skew the timings on a shared machine: --wait-idle MINUTES first waits (polling
-every 30 s) until no `seqrec pipeline` / `seqrec train` runs, and the report lists what still ran.
+every 30 s) until no training, benchmark or test run is left (`offline.bench_soak.BUSY`), and the
+report lists what still ran.
 """
 
 from __future__ import annotations
