@@ -17,23 +17,8 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
-
-
-def _get(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
-
-
-def _post(url: str) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(url, data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
 
 
 def main() -> int:
@@ -46,6 +31,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from offline.bench_serve import load_catalogue, payloads_from_catalogue, run_load, start_server
+    from offline.open_loop import get_json, post_json
 
     seqrec = [sys.executable, "-m", "offline.cli"]
     pipeline = [*seqrec, "pipeline", "--config", str(args.config), "--out", str(args.artifacts),
@@ -56,7 +42,7 @@ def main() -> int:
     payloads = payloads_from_catalogue(item_ids, 300, min_len=5, max_len=min(50, len(item_ids)), seed=0)
     env = {"SEQREC_ARTIFACTS": str(args.artifacts), "SEQREC_THREADS": "1", "SEQREC_LOG_LEVEL": "warning"}
     with start_server("service.app:create_app", env) as url:
-        before = _get(url + "/readyz")["model_version"]
+        before = get_json(url, "/readyz")["model_version"]
         events: dict[str, Any] = {}
         result: dict[str, Any] = {}
 
@@ -65,8 +51,8 @@ def main() -> int:
             start = time.perf_counter()
             subprocess.run(pipeline, check=True, stdout=subprocess.DEVNULL)
             events["pipeline_seconds"] = round(time.perf_counter() - start, 1)
-            status, body = _post(url + "/admin/reload")
-            events["reload"] = {"status": status, **body}
+            status, body = post_json(url, "/admin/reload", {})
+            events["reload"] = {**body, "http_status": status}
             events["reload_at_s"] = round(time.perf_counter() - start + 3, 1)
 
         worker = threading.Thread(target=rollout)
@@ -83,12 +69,12 @@ def main() -> int:
             result.setdefault("windows", []).append({"p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "max_ms": r.max_ms})
         worker.join()
         tail = run_load(url, payloads, args.rate, args.tail, 0.0, seed=99, label="after")
-        after = _get(url + "/readyz")["model_version"]
+        after = get_json(url, "/readyz")["model_version"]
     report = {"rate": args.rate, "load_seconds": round(time.perf_counter() - started, 1), "during": result,
               "after_reload": tail.to_dict(), "version_before": before, "version_after": after, **events}
     print(json.dumps(report, indent=2))
     failed = result["errors"] + tail.errors
-    return 0 if failed == 0 and events.get("reload", {}).get("status") == 200 and before != after else 1
+    return 0 if failed == 0 and events.get("reload", {}).get("http_status") == 200 and before != after else 1
 
 
 if __name__ == "__main__":
