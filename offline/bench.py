@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import logging
+import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -281,14 +282,73 @@ def write_results(out: Path, records: Sequence[dict[str, Any]], meta: dict[str, 
         "s / epoch: training pass only (no validation); best epoch: epochs to the best validation; "
         f"ms / batch: scoring {min(meta['infer_batch'], meta['users'])} test users against every item.",
         "## Test", markdown_table(rows, "test"), "## Validation", markdown_table(rows, "valid"),
-        f"Reproduce: `{meta['command']}`. Runs (artifacts): `{out / 'runs'}`; resolved configs: "
-        f"`{out / 'configs'}`.",
+        *meta.get("remarks", []),
+        f"Reproduce: `{meta['command']}`. Runs (artifacts): "
+        + ("the `runs/` folder of each source command's `--out`" if meta.get("sources") else f"`{out / 'runs'}`")
+        + f"; resolved configs: `{out / 'configs'}`.",
     ]) + "\n"
     atomic_write(out / "results.md", lambda p: p.write_text(text))
     payload = {**meta, "models": rows, "runs": list(records)}
     atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(payload, indent=2) + "\n"))
     atomic_write(out / "results.csv", lambda p: p.write_text(csv_text(rows)))
     return rows
+
+
+MERGE_KEYS = ("dataset", "users", "items", "max_epochs", "budget_minutes", "infer_batch")
+
+
+def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """One table from several `seqrec bench` outputs on the same data (e.g. models run on different days).
+
+    The per-run records are taken as they are (nothing is retrained or re-measured); sources must agree
+    on the dataset, its size and the quick-comparison limits, and no (model, seed) run may appear twice.
+    Their resolved configs are copied beside the table.
+    """
+    import shutil
+
+    payloads = []
+    for source in sources:
+        path = source / "results.json" if source.is_dir() else source
+        try:
+            payloads.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError) as err:
+            raise SeqrecError(f"cannot read {path}: {err}") from None
+    if not payloads:
+        raise SeqrecError("seqrec bench merge needs at least one --from")
+    first_path, first = payloads[0]
+    for path, payload in payloads[1:]:
+        for key in MERGE_KEYS:
+            if payload.get(key) != first.get(key):
+                raise SeqrecError(f"{path} has {key}={payload.get(key)!r} but {first_path} has {first.get(key)!r}; "
+                                  "only runs on the same data under the same limits make one table")
+    records: list[dict[str, Any]] = []
+    seen: dict[tuple[str, int], Path] = {}
+    for path, payload in payloads:
+        for record in payload.get("runs", []):
+            run = (str(record["model"]), int(record["seed"]))
+            if run in seen:
+                raise SeqrecError(f"{run[0]} seed {run[1]} is in both {seen[run]} and {path}")
+            seen[run] = path
+            records.append(record)
+    seeds = list(dict.fromkeys(seed for _, p in payloads for seed in p.get("seeds", [])))
+    commands = "`; `".join(p["command"] for _, p in payloads)
+    meta = {**{key: first.get(key) for key in MERGE_KEYS}, "data": first.get("data"), "seeds": seeds,
+            "models_requested": [m for _, p in payloads for m in p.get("models_requested", [])],
+            "command": f"{commands}`, merged by `seqrec bench merge "
+                       + " ".join(f"--from {path.parent}" for path, _ in payloads) + f" --out {out}",
+            "sources": [str(path) for path, _ in payloads], "remarks": list(remarks)}
+    out.mkdir(parents=True, exist_ok=True)
+    for path, _ in payloads:
+        configs = path.parent / "configs"
+        if configs.is_dir() and configs.resolve() != (out / "configs").resolve():
+            shutil.copytree(configs, out / "configs", dirs_exist_ok=True)
+    return write_results(out, records, meta)
+
+
+def _run_merge(args: argparse.Namespace) -> int:
+    rows = merge_results(args.sources, args.out, args.remark or [])
+    print(f"{len(rows)} models -> {args.out / 'results.md'} (.json, .csv)")
+    return 0
 
 
 def write_yaml_config(path: Path, config: RunConfig, spec: ModelSpec) -> None:
@@ -384,7 +444,17 @@ def add_bench_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     p.add_argument("--threads", type=int, default=None, help="shorthand for --set train.threads=N")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="shorthand for train.device")
     p.set_defaults(handler=run_bench)
-    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve}", required=False)
+    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve,index,merge}", required=False)
+    merge = tools.add_parser(
+        "merge", parents=[common], help="one table from several bench outputs on the same data",
+        description="Read the per-run records of several `seqrec bench` outputs (same dataset and limits; "
+        "each (model, seed) once) and write OUT/results.{md,json,csv} from them, nothing retrained.",
+    )
+    merge.add_argument("--from", dest="sources", type=Path, action="append", required=True,
+                       help="a bench --out folder or its results.json (repeatable; models keep this order)")
+    merge.add_argument("--out", type=Path, required=True, help="folder for the merged tables")
+    merge.add_argument("--remark", action="append", help="a paragraph for the table's text (repeatable)")
+    merge.set_defaults(handler=_run_merge)
     lat = tools.add_parser(
         "latency", parents=[common], help="forward latency and throughput against sequence length",
         description="Build each model from its config with max_len set to the longest length and randomly "
@@ -435,6 +505,63 @@ def add_bench_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     srv.add_argument("--max-wait-ms", type=float, default=2.0, help="server micro-batch wait")
     srv.add_argument("--seed", type=int, default=0)
     srv.set_defaults(handler=_run_serve_bench)
+    idx = tools.add_parser(
+        "index", parents=[common], help="build time, size, latency and recall of FAISS indexes per catalogue size",
+        description="For each --sizes catalogue, build the exact index and each approximate structure, sweep "
+        "its search parameter, and write OUT/index.{json,md}: build seconds, serialised size, recall@k against "
+        "exact search, batch-1 p50/p99 and batch-64 latency, and the cheapest setting reaching --target-recall.",
+    )
+    idx.add_argument("--out", type=Path, required=True, help="folder for index.{json,md}")
+    idx.add_argument("--sizes", default="100000,1000000", help="comma-separated catalogue sizes")
+    idx.add_argument("--structures", default="hnsw,ivf,ivfpq",
+                     help="of hnsw, ivf, ivfpq (flat, the exact reference, always runs)")
+    idx.add_argument("--distribution", choices=["clustered", "gaussian"], default="clustered",
+                   help="synthetic catalogue shape (ignored with --artifact or --vectors)")
+    idx.add_argument("--spread", type=float, default=1.0,
+                     help="clustered: noise scale around each centre (0 = points on the centres)")
+    idx.add_argument("--dim", type=int, default=64, help="synthetic vector dimension")
+    idx.add_argument("--artifact", type=Path, default=None, help="use this bundle's item vectors (first --sizes rows)")
+    idx.add_argument("--vectors", type=Path, default=None, help="use an (n, d) .npy matrix")
+    idx.add_argument("--queries", type=int, default=2000, help="held-out queries for recall")
+    idx.add_argument("--latency-queries", type=int, default=500, help="single-query searches timed for batch-1")
+    idx.add_argument("--k", type=int, default=100, help="neighbours per query (recall@k)")
+    idx.add_argument("--target-recall", type=float, default=0.98)
+    idx.add_argument("--threads", type=int, default=1, help="search threads (the service searches on one)")
+    idx.add_argument("--build-threads", type=int, default=os.cpu_count() or 1)
+    idx.add_argument("--max-latency-ms", type=float, default=20.0, help="stop a sweep past this batch-1 p50")
+    idx.add_argument("--seed", type=int, default=0)
+    idx.set_defaults(handler=_run_index_bench)
+    scl = tools.add_parser(
+        "scale", parents=[common], help="training time, serving p99 and memory against data and catalogue size",
+        description="Three scaling curves with fitted log-log slopes: seconds of one training epoch against "
+        "interactions (synthetic data, fixed catalogue); p50/p99 of an open-loop load on a served random-init "
+        "bundle against catalogue size; training peak RSS (fixed steps and batch) and server RSS against "
+        "catalogue size, beside the item tables' bytes. Each training point runs in its own process. Writes "
+        "OUT/scale.{json,md} and OUT/{train_time,serve_p99,memory}.png.",
+    )
+    scl.add_argument("--out", type=Path, required=True, help="folder for scale.{json,md} and the PNGs")
+    scl.add_argument("--config", type=Path, default=Path("configs/synthetic/transformer.yaml"),
+                     help="run config to train and serve")
+    scl.add_argument("--curves", default="train,serve,memory", help="comma-separated subset of train,serve,memory")
+    scl.add_argument("--interactions", default="100000,1000000,10000000", help="training curve sizes (1e5 works)")
+    scl.add_argument("--train-items", type=int, default=100_000, help="fixed catalogue of the training curve")
+    scl.add_argument("--mean-length", type=float, default=20.0, help="mean synthetic sequence length")
+    scl.add_argument("--valid-users", type=int, default=256, help="fixed users validated after each epoch")
+    scl.add_argument("--catalogues", default="10000,100000,1000000", help="catalogue sizes (serving and memory)")
+    scl.add_argument("--rate", type=float, default=50.0, help="offered requests/s (open loop, Poisson)")
+    scl.add_argument("--duration", type=float, default=10.0, help="seconds measured per catalogue")
+    scl.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring")
+    scl.add_argument("--requests", type=int, default=500, help="distinct request bodies")
+    scl.add_argument("--min-len", type=int, default=20, help="shortest request history")
+    scl.add_argument("--max-len", type=int, default=50, help="longest request history")
+    scl.add_argument("--memory-steps", type=int, default=20, help="training steps per memory point (about)")
+    scl.add_argument("--threads", type=int, default=1, help="torch threads for training, serving and index builds")
+    scl.add_argument("--point-timeout", type=float, default=3600.0, help="seconds before a point counts as failed")
+    scl.add_argument("--seed", type=int, default=0)
+    scl.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="config override (repeatable)")
+    scl.add_argument("--keep-work", action="store_true", help="keep OUT/work (data, runs, bundles)")
+    scl.add_argument("--note", default="", help="a line for the notes (e.g. where the figures were taken)")
+    scl.set_defaults(handler=_run_scale)
 
 
 def _add_config_lookup(p: argparse.ArgumentParser) -> None:
@@ -446,6 +573,18 @@ def _run_serve_bench(args: argparse.Namespace) -> int:
     from offline.bench_serve import run_serve_bench  # the load client loads only here
 
     return run_serve_bench(args)
+
+
+def _run_index_bench(args: argparse.Namespace) -> int:
+    from offline.bench_index import run_index_bench  # faiss loads only here
+
+    return run_index_bench(args)
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    from offline.bench_scale import run_scale  # torch, faiss and matplotlib load only here
+
+    return run_scale(args)
 
 
 def _run_latency(args: argparse.Namespace) -> int:

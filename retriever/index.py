@@ -51,6 +51,11 @@ class IndexSpec:
     ``nlist=None`` picks about ``4 * sqrt(n)`` lists, clipped to ``[1, n // 39]``. ``pq_m=None`` stores
     full vectors in the lists (IVF-Flat); otherwise IVF-PQ with ``pq_m`` sub-quantizers of 8 bits each,
     which needs ``d % pq_m == 0`` and at least 256 training vectors.
+
+    ``gpu_shard`` only matters when the index is loaded onto several GPUs: False puts a full copy on
+    each (faiss ``IndexReplicas``: queries spread over the GPUs, for throughput), True splits the
+    vectors across them (``IndexShards``: each GPU holds 1/n of the catalogue and every query asks
+    all of them, for catalogues too big for one GPU's memory).
     """
 
     kind: IndexKind = "flat"
@@ -60,6 +65,7 @@ class IndexSpec:
     nlist: int | None = None
     nprobe: int = 32
     pq_m: int | None = None
+    gpu_shard: bool = False
 
     def __post_init__(self) -> None:
         # Specs arrive from JSON/YAML configs, so the annotations alone guarantee nothing at runtime.
@@ -76,6 +82,8 @@ class IndexSpec:
                 raise ValueError(f"IndexSpec.{name} must be an int, got {value!r}")
             if value < low:
                 raise ValueError(f"IndexSpec.{name} must be >= {low}, got {value}")
+        if not isinstance(self.gpu_shard, bool):
+            raise ValueError(f"IndexSpec.gpu_shard must be true or false, got {self.gpu_shard!r}")
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -234,7 +242,8 @@ def load_index(path: Path, spec: IndexSpec | None = None, *, gpu: bool | None = 
     """Read an index written by :func:`save_index`, optionally applying ``spec``'s search parameters.
 
     ``gpu=None`` moves flat and IVF indexes to the GPU(s) when faiss sees one, ``gpu=False`` never does,
-    and ``gpu=True`` requires a GPU (ValueError otherwise). HNSW always stays on CPU: faiss has no GPU
+    and ``gpu=True`` requires a GPU (ValueError otherwise). With several GPUs, ``spec.gpu_shard`` picks
+    shards over replicas (:func:`gpu_cloner_options`). HNSW always stays on CPU: faiss has no GPU
     search for a CPU-built HNSW graph.
     """
     path = Path(path)
@@ -257,17 +266,29 @@ def load_index(path: Path, spec: IndexSpec | None = None, *, gpu: bool | None = 
         if gpu:
             logger.warning("HNSW has no GPU search in faiss; %s stays on CPU", path)
         return index
+    options = gpu_cloner_options(spec)
     try:
         # Clones copy nprobe, so the search parameters set above carry over.
-        moved = faiss.index_cpu_to_all_gpus(index)
+        moved = faiss.index_cpu_to_all_gpus(index, co=options)
     except RuntimeError as err:
         # e.g. an IVF-PQ layout the GPU kernels do not support.
         if gpu:
             raise ValueError(f"could not move {path} to GPU: {err}") from err
         logger.warning("could not move %s to GPU, searching on CPU: %s", path, err)
         return index
-    logger.info("loaded %s onto %d GPU(s)", path, faiss.get_num_gpus())
+    logger.info("loaded %s onto %d GPU(s) (%s)", path, faiss.get_num_gpus(),
+                "sharded" if options.shard else "replicated")
     return moved
+
+
+def gpu_cloner_options(spec: IndexSpec | None) -> Any:
+    """faiss's options for copying an index onto every GPU: replicas (the default) or shards (``gpu_shard``).
+
+    Only GPU builds of faiss have the class; callers reach this after :func:`gpu_available`.
+    """
+    options: Any = cast(Any, faiss).GpuMultipleClonerOptions()
+    options.shard = bool(spec is not None and spec.gpu_shard)
+    return options
 
 
 def gpu_available() -> bool:

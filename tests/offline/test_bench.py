@@ -220,3 +220,38 @@ def test_latency_bench_writes_json_markdown_and_a_png(setup: tuple[Path, Path], 
     assert image.ndim == 3
     assert image.shape[0] > 100
     assert image.shape[1] > 100
+
+
+def test_merge_makes_one_table_from_two_outputs_without_retraining(setup: tuple[Path, Path], bench: Path,
+                                                                   tmp_path: Path) -> None:
+    """sasrec in one output, transformer in another: the merged table equals the one-command table."""
+    whole = json.loads((bench / "results.json").read_text())
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, models in ((first, {"sasrec"}), (second, {"transformer", "broken"})):
+        folder.mkdir()
+        part = {**whole, "runs": [r for r in whole["runs"] if r["model"] in models]}
+        (folder / "results.json").write_text(json.dumps(part))
+    out = tmp_path / "merged"
+    assert main(["bench", "merge", "--from", str(first), "--from", str(second), "--out", str(out),
+                 "--remark", "A remark about these runs.", "-q"]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    assert merged["models"] == whole["models"]  # relative FLOPs still against sasrec, which came from one source
+    assert merged["runs"] == whole["runs"]
+    markdown = (out / "results.md").read_text()
+    assert "A remark about these runs." in markdown
+    assert "seqrec bench merge --from" in markdown
+    assert markdown.split("## Test")[1].split("## Validation")[0] == \
+        (bench / "results.md").read_text().split("## Test")[1].split("## Validation")[0]
+
+
+def test_merge_refuses_other_data_and_a_run_twice(bench: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    whole = json.loads((bench / "results.json").read_text())
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps({**whole, "items": whole["items"] + 1}))
+    assert main(["bench", "merge", "--from", str(bench), "--from", str(other), "--out", str(tmp_path / "o")]) == 1
+    assert "items=" in capsys.readouterr().err
+    assert main(["bench", "merge", "--from", str(bench), "--from", str(bench), "--out", str(tmp_path / "o")]) == 1
+    assert "seed 1 is in both" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "results.md").exists()

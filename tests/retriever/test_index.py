@@ -246,25 +246,34 @@ def test_gpu_placement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(ValueError, match="no GPU"):
             load_index(flat_path, gpu=True)
 
-    # Pretend faiss is a GPU build with one device, to check which indexes load_index moves.
-    moved: list[faiss.Index] = []
+    # Pretend faiss is a GPU build with one device, to check which indexes load_index moves and how.
+    moved: list[tuple[faiss.Index, bool]] = []
 
-    def fake_to_gpus(index: faiss.Index) -> faiss.Index:
-        moved.append(index)
+    class FakeClonerOptions:
+        shard = False
+
+    def fake_to_gpus(index: faiss.Index, co: FakeClonerOptions | None = None) -> faiss.Index:
+        assert co is not None
+        moved.append((index, co.shard))
         return index
 
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
     monkeypatch.delattr(faiss, "StandardGpuResources", raising=False)
     assert not gpu_available()  # a device count without the GPU API (CPU wheel) is not enough
     monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
+    monkeypatch.setattr(faiss, "GpuMultipleClonerOptions", FakeClonerOptions, raising=False)
     monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", fake_to_gpus)
     assert gpu_available()
     load_index(flat_path)
     assert len(moved) == 1
+    assert moved[-1][1] is False
+    load_index(flat_path, IndexSpec(gpu_shard=True))
+    assert len(moved) == 2
+    assert moved[-1][1] is True
     load_index(flat_path, gpu=False)
     load_index(hnsw_path)  # no GPU search for HNSW: stays on CPU
     load_index(hnsw_path, gpu=True)
-    assert len(moved) == 1
+    assert len(moved) == 2
 
 
 # ------------------------------------------------------------------------------------------------- specs and inputs
@@ -275,6 +284,9 @@ def test_spec_dict_round_trip() -> None:
     assert IndexSpec.from_dict(spec.to_dict()) == spec
     assert IndexSpec.from_dict({}) == IndexSpec()
     assert IndexSpec.from_dict({"kind": "hnsw", "ef_search": 64}) == IndexSpec(kind="hnsw", ef_search=64)
+    assert IndexSpec.from_dict({"gpu_shard": True}).gpu_shard is True
+    with pytest.raises(ValueError, match="gpu_shard"):
+        IndexSpec.from_dict({"gpu_shard": "yes"})
 
 
 def test_spec_rejects_unknown_keys_and_bad_values() -> None:
