@@ -2,20 +2,27 @@
 
 Each check is a function returning the problems it finds, run on the real files (expecting none)
 and on broken copies (expecting the breakage named), so a check that can no longer fail shows up.
-The entrypoint's `once` guard is run for real with /bin/sh.
+The entrypoint's `once` guard is run for real with /bin/sh; where nginx is installed, the load
+balancer's docker/nginx.conf is checked with `nginx -t` and run in front of two local HTTP servers.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,6 +37,11 @@ COMPOSE_GPU = REPO / "docker-compose.gpu.yml"
 DOCKERFILES = {"cpu": REPO / "docker" / "Dockerfile", "gpu": REPO / "docker" / "Dockerfile.gpu"}
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
 DOCS = REPO / "docs" / "DOCKER.md"
+NGINX_CONF = REPO / "docker" / "nginx.conf"
+LB_CONF_TARGET = "/etc/nginx/nginx.conf"
+DOCKER_DNS = "127.0.0.11"
+# nginx CHANGES, 1.27.3: "the "server" directive in the "upstream" block supports the "resolve" parameter".
+RESOLVE_SINCE = (1, 27, 3)
 
 SETTINGS_VARIABLES = {"SEQREC_" + name.upper() for name in Settings.model_fields}
 # Variables the trainer container reads that are not service settings, with the files that read them
@@ -94,6 +106,16 @@ def mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
     return found
 
 
+def bind_mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """Host-path mounts: target -> (source relative to the compose file, read_only)."""
+    found = {}
+    for spec in service.get("volumes") or []:
+        source, target, *mode = spec.split(":")
+        if source.startswith((".", "/", "~")):
+            found[target] = (source.removeprefix("./"), "ro" in mode)
+    return found
+
+
 def option(args: list[str], name: str) -> str | None:
     for i, arg in enumerate(args):
         if arg == name and i + 1 < len(args):
@@ -103,11 +125,16 @@ def option(args: list[str], name: str) -> str | None:
     return None
 
 
+def depends_on(service: dict[str, Any]) -> dict[str, str | None]:
+    deps = service.get("depends_on")
+    return {dep: (spec or {}).get("condition") for dep, spec in deps.items()} if isinstance(deps, dict) else {}
+
+
 def compose_problems(compose: dict[str, Any]) -> list[str]:
     problems = []
     services = compose.get("services") or {}
-    if set(services) != {"redis", "trainer", "api"}:
-        return [f"services are {sorted(services)}, expected api, redis, trainer"]
+    if set(services) != {"redis", "trainer", "api", "lb"}:
+        return [f"services are {sorted(services)}, expected api, lb, redis, trainer"]
     redis, trainer, api = services["redis"], services["trainer"], services["api"]
     declared = set(compose.get("volumes") or {})
     for name, service in services.items():
@@ -124,12 +151,13 @@ def compose_problems(compose: dict[str, Any]) -> list[str]:
         problems.append("redis does not keep an append-only file on a named volume at /data")
     if "/readyz" not in " ".join(command_of(api.get("healthcheck"))):
         problems.append("api has no healthcheck on /readyz")
-    conditions = {dep: (spec or {}).get("condition") for dep, spec in (api.get("depends_on") or {}).items()} \
-        if isinstance(api.get("depends_on"), dict) else {}
+    conditions = depends_on(api)
     if conditions != {"redis": "service_healthy", "trainer": "service_completed_successfully"}:
         problems.append(f"api depends_on conditions are {conditions}")
-    if "8000:8000" not in [str(p) for p in api.get("ports") or []]:
-        problems.append("api does not publish 8000:8000")
+    if "ports" in api:
+        problems.append("api publishes ports (replicas cannot share a host port; lb publishes 8000)")
+    if "container_name" in api:
+        problems.append("api has a container_name (--scale api=N needs names compose makes up)")
     if str(trainer.get("restart")) != "no":
         problems.append("trainer is not one-shot (restart: 'no')")
     if "ports" in trainer:
@@ -143,7 +171,135 @@ def compose_problems(compose: dict[str, Any]) -> list[str]:
     read = mounts(api).get("artifacts")
     if read is None or not read[1] or read[0] != environment(api).get("SEQREC_ARTIFACTS"):
         problems.append(f"api's SEQREC_ARTIFACTS is not the read-only artifacts volume ({read})")
+    return problems + lb_problems(services["lb"])
+
+
+def lb_problems(lb: dict[str, Any]) -> list[str]:
+    problems = []
+    if image_version(str(lb.get("image", ""))) is None:
+        problems.append(f"lb's image {lb.get('image')} is not the official nginx at a pinned version (nginx:X.Y...)")
+    if [str(p) for p in lb.get("ports") or []] != ["8000:8000"]:
+        problems.append(f"lb publishes {lb.get('ports')}, not 8000:8000")
+    if bind_mounts(lb).get(LB_CONF_TARGET) != ("docker/nginx.conf", True):
+        problems.append(f"lb does not mount docker/nginx.conf read-only at {LB_CONF_TARGET}")
+    if not re.search(r"\b127\.0\.0\.1:8000/", " ".join(command_of(lb.get("healthcheck")))):
+        problems.append("lb has no healthcheck through its own port 8000")
+    if depends_on(lb) != {"api": "service_healthy"}:
+        problems.append(f"lb depends_on conditions are {depends_on(lb)}, not api: service_healthy")
     return problems
+
+
+def image_version(image: str) -> tuple[int, ...] | None:
+    """nginx:1.30.4-alpine -> (1, 30, 4); a minor tag (nginx:1.30-alpine) floats to its newest patch,
+    counted here as 999; None for anything but the official image at a pinned version."""
+    found = re.fullmatch(r"nginx:(\d+)\.(\d+)(?:\.(\d+))?(?:-[\w.]+)?", image)
+    if found is None:
+        return None
+    major, minor, patch = found.groups()
+    return int(major), int(minor), int(patch) if patch is not None else 999
+
+
+def body_limit(compose: dict[str, Any]) -> int:
+    """The api's request body limit: SEQREC_MAX_BODY_BYTES where compose sets it, else the settings default."""
+    env = environment(compose["services"]["api"])
+    if "SEQREC_MAX_BODY_BYTES" in env:
+        return Settings(_env_file=None, max_body_bytes=int(env["SEQREC_MAX_BODY_BYTES"])).max_body_bytes
+    return int(Settings.model_fields["max_body_bytes"].default)
+
+
+# --- nginx.conf ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Directive:
+    block: tuple[str, ...]  # the enclosing blocks, outermost first: ("http", "upstream api")
+    name: str
+    args: tuple[str, ...]  # quotes removed: `Connection ""` -> ("Connection", "")
+
+
+def parse_nginx(text: str) -> list[Directive]:
+    """Every directive of an nginx config, blocks included (`upstream api {` is ("upstream", ("api",)))."""
+    tokens = re.findall(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|#[^\n]*|[{};]|[^\s{};]+', text)
+    found: list[Directive] = []
+    block: list[str] = []
+    words: list[str] = []
+    for token in tokens:
+        if token.startswith("#"):
+            continue
+        if token in ("{", ";"):
+            name, *args = words
+            found.append(Directive(tuple(block), name, tuple(a[1:-1] if a[:1] in "\"'" and a else a for a in args)))
+            if token == "{":
+                block.append(" ".join(words))
+            words = []
+        elif token == "}":
+            block.pop()
+        else:
+            words.append(token)
+    return found
+
+
+def nginx_size(value: str) -> int:
+    """An nginx size (`1m`, `512k`, `1048576`) in bytes."""
+    found = re.fullmatch(r"(\d+)([kKmMgG]?)", value)
+    if found is None:
+        raise ValueError(f"not an nginx size: {value!r}")
+    return int(found.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[found.group(2).lower()]
+
+
+def nginx_problems(text: str, limit: int, image: str) -> list[str]:
+    """The load balancer's config against the api: upstream, DNS, body limit, keepalive, retries, headers."""
+    directives = parse_nginx(text)
+    problems = []
+
+    def named(name: str) -> list[Directive]:
+        return [d for d in directives if d.name == name]
+
+    upstreams: dict[str, list[Directive]] = {}
+    for d in named("server"):
+        if d.block and d.block[-1].startswith("upstream "):
+            upstreams.setdefault(d.block[-1].split()[1], []).append(d)
+    passes = [d.args[0].removeprefix("http://") for d in named("proxy_pass")]
+    targets = {s.args[0] for p in passes for s in upstreams.get(p, [])} | {p for p in passes if p not in upstreams}
+    if not passes or targets != {"api:8000"}:
+        problems.append(f"proxies to {sorted(targets)}, not api:8000")
+    if not any(DOCKER_DNS in d.args for d in named("resolver")):
+        problems.append(f"no resolver {DOCKER_DNS} (Docker's DNS, which knows every replica)")
+    servers = [s for group in upstreams.values() for s in group]
+    resolved = [s for s in servers if "resolve" in s.args]
+    if not resolved and not any("$" in p for p in passes):
+        problems.append("api is resolved once at start-up (no `resolve`, no variable in proxy_pass): "
+                        "replicas started later get no traffic")
+    for group in {s.block for s in resolved}:
+        if not any(d.name == "zone" and d.block == group for d in directives):
+            problems.append(f"{group[-1]} resolves without a zone (`resolve` needs the shared memory)")
+    version = image_version(image)
+    if resolved and (version is None or version < RESOLVE_SINCE):
+        problems.append(f"{image}: `server ... resolve` needs nginx 1.27.3 or later")
+    sizes = [nginx_size(d.args[0]) for d in named("client_max_body_size")]
+    if sizes != [limit]:
+        problems.append(f"client_max_body_size is {sizes} bytes, not the service's {limit}")
+    keepalive = [d for d in named("keepalive") if d.block and d.block[-1].startswith("upstream ")]
+    if not keepalive or [d.args for d in named("proxy_http_version")] != [("1.1",)] \
+            or not any(d.args == ("Connection", "") for d in named("proxy_set_header")):
+        problems.append('no keepalive to the replicas (upstream keepalive, proxy_http_version 1.1, Connection "")')
+    retries = named("proxy_next_upstream")
+    if not retries or not all({"error", "timeout"} <= set(d.args) for d in retries):
+        problems.append("proxy_next_upstream does not move on to another replica on error and timeout")
+    for d in retries:
+        if "non_idempotent" in d.args and d.block[-1:] != ("location = /recommend",):
+            problems.append(f"non_idempotent retries in {d.block[-1]}: a retried POST /events would store twice")
+    headers = named("proxy_set_header")
+    for header in ("X-Request-ID", "X-Forwarded-For"):
+        if not any(d.args[0].lower() == header.lower() for d in headers):
+            problems.append(f"{header} is not passed to the replicas")
+    if len({d.block for d in headers}) > 1:  # nginx: a block with its own proxy_set_header inherits none
+        problems.append("proxy_set_header in more than one block: the inner one drops the outer headers")
+    return problems
+
+
+def mounted_nginx_conf(compose: dict[str, Any], root: Path = REPO) -> Path:
+    source, _ = bind_mounts(compose["services"]["lb"])[LB_CONF_TARGET]
+    return root / source
 
 
 def command_of(healthcheck: dict[str, Any] | None) -> list[str]:
@@ -160,8 +316,8 @@ def environment_problems(compose: dict[str, Any]) -> list[str]:
             if variable not in allowed:
                 what = "a service setting" if name == "api" else "a service setting or a trainer variable"
                 problems.append(f"{name} sets {variable}, not {what}")
-    values = {v.removeprefix("SEQREC_").lower(): x for v, x in environment(compose["services"]["api"]).items()
-              if v in SETTINGS_VARIABLES}
+    values: dict[str, Any] = {v.removeprefix("SEQREC_").lower(): x
+                              for v, x in environment(compose["services"]["api"]).items() if v in SETTINGS_VARIABLES}
     try:
         Settings(_env_file=None, **values)
     except ValueError as err:
@@ -170,7 +326,7 @@ def environment_problems(compose: dict[str, Any]) -> list[str]:
 
 
 def seqrec_subcommands(compose: dict[str, Any]) -> set[str]:
-    subs = set()
+    subs: set[str] = set()
     for service in compose["services"].values():
         args = command(service)
         subs.update(args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "seqrec")
@@ -323,7 +479,55 @@ def test_gpu_override_reserves_a_gpu_for_trainer_and_api():
         devices = service["deploy"]["resources"]["reservations"]["devices"]
         assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert "deploy" not in compose["services"]["redis"]
+    assert "deploy" not in compose["services"]["lb"]
     assert compose["services"]["api"]["image"] != load_compose(COMPOSE)["services"]["api"]["image"]
+
+
+def test_lb_config_proxies_to_every_api_replica():
+    compose = load_compose(COMPOSE)
+    conf = mounted_nginx_conf(compose)
+    assert conf == NGINX_CONF
+    assert conf.is_file()
+    assert nginx_problems(conf.read_text(), body_limit(compose), compose["services"]["lb"]["image"]) == []
+
+
+def test_lb_body_limit_is_the_services_own():
+    compose = load_compose(COMPOSE)
+    assert body_limit(compose) == Settings(_env_file=None).max_body_bytes  # compose leaves the default
+    sizes = [d.args[0] for d in parse_nginx(NGINX_CONF.read_text()) if d.name == "client_max_body_size"]
+    assert [nginx_size(size) for size in sizes] == [body_limit(compose)]
+    compose["services"]["api"]["environment"]["SEQREC_MAX_BODY_BYTES"] = str(2 << 20)
+    assert body_limit(compose) == 2 << 20
+    assert any("client_max_body_size" in p for p in nginx_problems(NGINX_CONF.read_text(), body_limit(compose),
+                                                                   compose["services"]["lb"]["image"]))
+
+
+def test_nginx_parser_and_sizes():
+    text = """
+    # a comment; with { braces }
+    http {
+        resolver 127.0.0.11 valid=10s;  # trailing comment
+        upstream api { server api:8000 resolve; }
+        log_format x '$a "b" ;{}';
+        server { location = /recommend { proxy_set_header Connection ""; } }
+    }
+    """
+    assert parse_nginx(text) == [
+        Directive((), "http", ()),
+        Directive(("http",), "resolver", ("127.0.0.11", "valid=10s")),
+        Directive(("http",), "upstream", ("api",)),
+        Directive(("http", "upstream api"), "server", ("api:8000", "resolve")),
+        Directive(("http",), "log_format", ("x", '$a "b" ;{}')),
+        Directive(("http",), "server", ()),
+        Directive(("http", "server"), "location", ("=", "/recommend")),
+        Directive(("http", "server", "location = /recommend"), "proxy_set_header", ("Connection", "")),
+    ]
+    assert [nginx_size(s) for s in ("1m", "1M", "512k", "1048576", "1g")] == [1 << 20, 1 << 20, 512 << 10, 1 << 20,
+                                                                             1 << 30]
+    assert image_version("nginx:1.30-alpine") == (1, 30, 999)
+    assert image_version("nginx:1.27.2-alpine") == (1, 27, 2)
+    assert image_version("nginx:latest") is None
+    assert image_version("nginx") is None
 
 
 def test_compose_environment_is_service_settings_or_trainer_variables():
@@ -425,7 +629,14 @@ BREAKAGES = [
     (_set(["services", "api", "volumes"], ["artifacts:/artifacts"]), "read-only"),
     (_set(["services", "trainer", "command"], ["seqrec", "pipeline", "--out", "/tmp/x"]), "--out"),
     (_set(["volumes", "cache"], None), "not declared"),
-    (_set(["services", "trainer"], None), "expected api, redis, trainer"),
+    (_set(["services", "trainer"], None), "expected api, lb, redis, trainer"),
+    (_set(["services", "api", "ports"], ["8000:8000"]), "api publishes ports"),
+    (_set(["services", "api", "container_name"], "seqrec-api"), "container_name"),
+    (_set(["services", "lb", "ports"], None), "not 8000:8000"),
+    (_set(["services", "lb", "image"], "nginx:latest"), "pinned version"),
+    (_set(["services", "lb", "volumes"], ["./docker/nginx.conf:/etc/nginx/nginx.conf"]), "read-only"),
+    (_set(["services", "lb", "healthcheck"], None), "lb has no healthcheck"),
+    (_set(["services", "lb", "depends_on"], {"api": {"condition": "service_started"}}), "api: service_healthy"),
 ]
 
 
@@ -434,6 +645,37 @@ def test_compose_check_catches(breakage, expected):
     compose = copy.deepcopy(load_compose(COMPOSE))
     breakage(compose)
     assert any(expected in problem for problem in compose_problems(compose))
+
+
+NGINX_BREAKAGES = [
+    ("server api:8000 resolve;", "server web:8000 resolve;", "not api:8000"),
+    ("resolver 127.0.0.11 valid=10s ipv6=off;", "", "no resolver 127.0.0.11"),
+    ("server api:8000 resolve;", "server api:8000;", "resolved once at start-up"),
+    ("zone api 64k;", "", "without a zone"),
+    ("client_max_body_size 1m;", "client_max_body_size 10m;", "client_max_body_size"),
+    ("keepalive 32;", "", "no keepalive"),
+    ('proxy_set_header Connection "";', "", "no keepalive"),
+    ("proxy_next_upstream error timeout;", "proxy_next_upstream off;", "error and timeout"),
+    ("proxy_pass http://api;\n            add_header", "proxy_pass http://api;\n"
+     "            proxy_next_upstream error timeout non_idempotent;\n            add_header", "non_idempotent retries"),
+    ("proxy_set_header X-Request-ID $seqrec_request_id;", "", "X-Request-ID is not passed"),
+    ("proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;", "", "X-Forwarded-For is not passed"),
+    ("location / {", "location / {\n            proxy_set_header Host $host;", "drops the outer headers"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), NGINX_BREAKAGES, ids=[e for _, _, e in NGINX_BREAKAGES])
+def test_nginx_check_catches(old, new, expected):
+    compose = load_compose(COMPOSE)
+    text = NGINX_CONF.read_text()
+    assert old in text, f"the breakage no longer applies: {old!r} is not in docker/nginx.conf"
+    problems = nginx_problems(text.replace(old, new, 1), body_limit(compose), compose["services"]["lb"]["image"])
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_nginx_check_catches_resolve_on_an_nginx_without_it():
+    problems = nginx_problems(NGINX_CONF.read_text(), body_limit(load_compose(COMPOSE)), "nginx:1.26-alpine")
+    assert any("needs nginx 1.27.3" in problem for problem in problems)
 
 
 def test_environment_check_catches_unknown_and_invalid_variables():
@@ -476,6 +718,135 @@ def test_dockerfile_checks_catch_a_bad_file():
     for expected in ("runs as root", "build tools", "copies nothing from a builder", "HEALTHCHECK", "CMD is",
                      "8000", "SEQREC_ARTIFACTS", "/artifacts is not created", "pip install keeps its cache"):
         assert expected in final, expected
+
+
+# --- nginx for real (where installed) ------------------------------------------------------------
+
+NO_NGINX = "nginx is not installed (Debian: apt-get install nginx); the static checks of docker/nginx.conf still run"
+
+
+def load_bench() -> ModuleType:
+    """bench/replicas.py, which runs docker/nginx.conf on the host (not a package, so loaded by path)."""
+    spec = importlib.util.spec_from_file_location("bench_replicas", REPO / "bench" / "replicas.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_runs_docker_nginx_conf_with_only_the_servers_replaced(tmp_path):
+    bench = load_bench()
+    local = bench.local_nginx_config(NGINX_CONF.read_text(), ["127.0.0.1:1", "127.0.0.1:2"], "127.0.0.1:3", tmp_path)
+    original, derived = parse_nginx(NGINX_CONF.read_text()), parse_nginx(local)
+
+    def upstream_servers(directives: list[Directive]) -> list[tuple[str, ...]]:
+        return [d.args for d in directives if d.name == "server" and d.block[-1:] == ("upstream api",)]
+
+    def rest(directives: list[Directive]) -> list[Directive]:
+        return [d for d in directives if d.name not in ("listen", "resolver") and not d.name.endswith("_temp_path")
+                and not (d.name == "server" and d.block[-1:] == ("upstream api",))]
+
+    assert rest(derived) == rest(original)
+    assert upstream_servers(original) == [("api:8000", "resolve")]
+    assert upstream_servers(derived) == [("127.0.0.1:1",), ("127.0.0.1:2",)]
+    assert [d.args for d in derived if d.name == "listen"] == [("127.0.0.1:3",)]
+    assert [d.args[0] for d in derived if d.name == "resolver"] == ["127.0.0.1"]
+    with pytest.raises(ValueError, match="expected one line"):
+        bench.local_nginx_config("http {\n}\n", ["127.0.0.1:1"], "127.0.0.1:3", tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason=NO_NGINX)
+def test_nginx_accepts_the_config(tmp_path):
+    bench = load_bench()
+    # `api` and 127.0.0.11 exist only on the compose network; an nginx older than 1.27.3 (Debian 12 has
+    # 1.22) rejects `resolve`, so it checks everything else.
+    resolve = bench.nginx_version() >= RESOLVE_SINCE
+    conf = tmp_path / "nginx.conf"
+    server = "localhost:8000" if resolve else "127.0.0.1:8000"
+    conf.write_text(bench.local_nginx_config(NGINX_CONF.read_text(), [server], "127.0.0.1:8000", tmp_path,
+                                             resolve=resolve))
+    checked = subprocess.run([*bench.nginx_command(conf, tmp_path), "-t"], capture_output=True, text=True,
+                             timeout=30, check=False)
+    assert checked.returncode == 0, checked.stderr
+    assert "test is successful" in checked.stderr
+
+
+@pytest.fixture
+def echo_server() -> Iterator[tuple[str, list[tuple[str, str, dict[str, str]]]]]:
+    """An HTTP/1.1 server answering 200 to GET and POST; yields its address and the (method, path,
+    headers) of every request it got."""
+    seen: list[tuple[str, str, dict[str, str]]] = []
+
+    class Echo(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as nginx's upstream keepalive expects
+
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
+            body = b'{"status": "ready"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = answer
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: no line per request on stderr
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def call(url: str, method: str = "GET", body: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=10) as response:
+            response.read()
+            return response.status, dict(response.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers)
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason=NO_NGINX)
+def test_nginx_skips_a_dead_replica_passes_ids_and_enforces_the_body_limit(echo_server):
+    bench = load_bench()
+    address, seen = echo_server
+    # nothing listens there, so every connection is refused; max_fails=0 keeps nginx sending it its
+    # round-robin share instead of setting it aside after the first failure
+    dead = f"127.0.0.1:{bench.free_port()} max_fails=0"
+    limit = body_limit(load_compose(COMPOSE))
+    with bench.start_nginx([dead, address]) as url:
+        # every request reaches the live replica, POSTs included: a refused connection never sent them
+        for method, path in [("POST", "/recommend"), ("POST", "/events"), ("GET", "/readyz")] * 2:
+            status, _ = call(url + path, method, b"{}" if method == "POST" else None)
+            assert status == 200, (method, path)
+
+        status, headers = call(url + "/recommend", "POST", b"{}", {"X-Request-ID": "req-42",
+                                                                  "X-Forwarded-For": "203.0.113.7"})
+        got = seen[-1][2]
+        assert (status, headers["X-Request-ID"], got["x-request-id"]) == (200, "req-42", "req-42")
+        assert got["x-forwarded-for"] == "203.0.113.7, 127.0.0.1"
+
+        status, headers = call(url + "/items")
+        made_up = seen[-1][2]["x-request-id"]
+        assert re.fullmatch(r"[0-9a-f]{32}", made_up)
+        assert headers["X-Request-ID"] == made_up
+
+        n_seen = len(seen)
+        assert call(url + "/events", "POST", b" " * limit)[0] == 200
+        assert call(url + "/events", "POST", b" " * (limit + 1))[0] == 413
+        assert len(seen) == n_seen + 1  # the body over the limit never reached a replica
 
 
 # --- the entrypoint ------------------------------------------------------------------------------
