@@ -162,10 +162,22 @@ def _add_train(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--threads", type=int, default=None, help="shorthand for --train.threads (CPU)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="shorthand for --train.device")
     p.add_argument("--index", choices=["flat", "hnsw", "ivf"], default="flat", help="FAISS index to export")
+    p.add_argument("--distributed", action="store_true",
+                   help="data-parallel training on several processes (docs/SCALE.md); needs torchrun, e.g. "
+                   "torchrun --nproc_per_node 2 -m offline.cli train --distributed ... (implied under torchrun)")
     p.set_defaults(handler=_run_train, overrides=True)
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    from retriever.distributed import ENV, Distributed
+
+    dist = Distributed.from_env()
+    if args.distributed and dist is None:
+        raise SeqrecError(f"--distributed needs the {'/'.join(ENV)} variables that torchrun sets; launch with "
+                          "`torchrun --nproc_per_node N -m offline.cli train ...`")
+    if dist is not None and not dist.is_main:
+        logging.getLogger().setLevel(logging.WARNING)  # rank 0 tells the story; the others only warn
+
     from offline.datasets.prepared import load_prepared
     from offline.training import train_retriever
     from retriever.config import load_config
@@ -181,7 +193,10 @@ def _run_train(args: argparse.Namespace) -> int:
     if (args.out / "run" / "last.pt").exists() and not args.resume:
         raise SeqrecError(f"{args.out} holds an unfinished run; add --resume to continue it, or choose a new --out")
     data = load_prepared(args.data)
-    manifest = train_retriever(config, data, args.out, resume=args.resume, index_spec=IndexSpec(kind=args.index))
+    manifest = train_retriever(config, data, args.out, resume=args.resume, index_spec=IndexSpec(kind=args.index),
+                               dist=dist)
+    if dist is not None and not dist.is_main:
+        return 0
     summary = {"artifact": str(args.out), "version": manifest["version"], "training": manifest["training"],
                **manifest["metrics"]}
     print(json.dumps(summary, indent=2))

@@ -6,6 +6,7 @@ and model selection; the test target is scored once, at the end.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ from offline.evaluate import EVAL_KS, evaluate_splits, index_target_ranks, summa
 from offline.split import LeaveOneOut, Split
 from retriever.artifact import RetrieverArtifact, load_artifact, write_artifact
 from retriever.config import RunConfig, config_from_dict
+from retriever.distributed import Distributed, broadcast_bytes, process_group
 from retriever.index import IndexSpec
 from retriever.model import Retriever
-from retriever.train import fit
+from retriever.train import fit, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +83,29 @@ def index_metrics(artifact: RetrieverArtifact, split: LeaveOneOut, splits: tuple
 
 def train_retriever(
     config: RunConfig, data: PreparedDataset, out: Path, *, resume: bool = False, index_spec: IndexSpec | None = None,
+    dist: Distributed | None = None,
 ) -> dict[str, Any]:
-    """Fit, evaluate on valid and test, write the artifact to ``out``; returns its manifest."""
+    """Fit, evaluate on valid and test, write the artifact to ``out``; returns its manifest.
+
+    dist: this process's place in a torchrun job. All ranks train; rank 0 alone evaluates and
+    writes the artifact, then hands every rank its manifest.
+    """
+    if dist is None:
+        manifest = _train_retriever(config, data, out, resume, index_spec, None)
+        assert manifest is not None
+        return manifest
+    with process_group(dist, resolve_device(config, dist.local_rank)):
+        manifest = _train_retriever(config, data, out, resume, index_spec, dist)
+        text = broadcast_bytes(json.dumps(manifest).encode() if dist.is_main else None)
+    assert text is not None
+    return manifest if manifest is not None else json.loads(text)
+
+
+def _train_retriever(
+    config: RunConfig, data: PreparedDataset, out: Path, resume: bool, index_spec: IndexSpec | None,
+    dist: Distributed | None,
+) -> dict[str, Any] | None:
+    """The manifest of the artifact written to ``out``; None on ranks other than 0, which write nothing."""
     features = None
     if config.model.item_features:
         features, n_features = item_feature_matrix(data, config.model.item_features)
@@ -97,7 +120,9 @@ def train_retriever(
         return dense_metrics(model, split, data.n_items, max_len, ("valid",), eval_batch)["valid"]
 
     result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume,
-                 item_features=None if features is None else torch.from_numpy(features))
+                 item_features=None if features is None else torch.from_numpy(features), dist=dist)
+    if dist is not None and not dist.is_main:
+        return None
     metrics = dense_metrics(result.model, split, data.n_items, max_len, batch_size=eval_batch)
     training = {
         "best_epoch": result.best_epoch,

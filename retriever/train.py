@@ -7,12 +7,17 @@ position of every window is trained at once (causal), never one prefix per sampl
 State for ``--resume`` lives in ``run_dir``: ``last.pt`` (model, optimiser, RNG, early-
 stopping counters; rewritten atomically after every epoch), ``best.pt`` (weights of the
 best validation epoch), ``history.jsonl`` and TensorBoard event files under ``tb/``.
+
+Under torchrun (``dist`` given) every process trains its own shard of each epoch's windows
+with ``batch_size / world_size`` windows per step, so the global batch and the steps per
+epoch match one process; only rank 0 validates and writes anything (retriever/distributed.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import logging
 import math
@@ -26,11 +31,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from retriever.atomic import atomic_write, write_jsonl
 from retriever.config import ConfigError, RunConfig
+from retriever.distributed import Distributed, broadcast_bytes, data_parallel, from_main, mean_over_ranks, reseed, shard
 from retriever.losses import LossContext, compute_loss, item_log_prob
 from retriever.model import Retriever
 
@@ -108,7 +114,8 @@ def lr_at(step: int, total_steps: int, config: RunConfig) -> float:
     return train.lr
 
 
-def resolve_device(config: RunConfig) -> torch.device:
+def resolve_device(config: RunConfig, local_rank: int | None = None) -> torch.device:
+    """The training device; under torchrun, CUDA means this process's own GPU, cuda:LOCAL_RANK."""
     wanted = config.train.device
     if wanted == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device=cuda but torch sees no CUDA device")
@@ -116,6 +123,9 @@ def resolve_device(config: RunConfig) -> torch.device:
         wanted = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(wanted)
     if device.type == "cuda":
+        if local_rank is not None:
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     elif config.train.threads:
@@ -123,31 +133,50 @@ def resolve_device(config: RunConfig) -> torch.device:
     return device
 
 
+class BatchLoss(nn.Module):
+    """The whole objective of a (B, T + 1) window batch in one forward.
+
+    One forward that uses every parameter (the item table outside ``hidden`` included) is
+    what DistributedDataParallel needs to all-reduce every gradient. Two optional encoder
+    hooks keep model-specific objectives out of the loop: ``training_inputs(batch, generator)
+    -> (inputs, targets, trained mask)`` replaces the next-item shift (BERT4Rec's cloze
+    masking), and ``auxiliary_loss()`` returns a term added after the forward (a ponder cost).
+    """
+
+    def __init__(self, model: Retriever, config: RunConfig, ctx: LossContext) -> None:
+        super().__init__()
+        self.model, self.config, self.ctx = model, config, ctx
+
+    def forward(self, batch: Tensor) -> Tensor:
+        model, loss_config = self.model, self.config.loss
+        prepare = getattr(model.encoder, "training_inputs", None)
+        if prepare is not None:
+            inputs, targets, trained = prepare(batch, self.ctx.generator)
+        else:
+            inputs, targets = batch[:, :-1], batch[:, 1:]
+            trained = (inputs != 0) & (targets != 0)  # the first item of a window has no history to predict it from
+        with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
+            hidden = model.hidden(inputs)  # (B, T, D)
+        loss = compute_loss(
+            loss_config.name, hidden[trained].float(), targets[trained], model.encoder.item_embeddings(), self.ctx,
+            logq=loss_config.logq, n_uniform=loss_config.n_uniform, n_negatives=loss_config.n_negatives,
+        )
+        auxiliary = getattr(model.encoder, "auxiliary_loss", None)
+        if auxiliary is not None:
+            loss = loss + auxiliary()
+        return loss
+
+
 def train_step(
-    model: Retriever, batch: Tensor, optimizer: torch.optim.Optimizer, config: RunConfig, ctx: LossContext
+    model: Retriever, batch: Tensor, optimizer: torch.optim.Optimizer, config: RunConfig, ctx: LossContext,
+    *, objective: nn.Module | None = None,
 ) -> tuple[float, float]:
     """One optimiser step on a (B, T + 1) window batch; returns (loss, grad norm).
 
-    Two optional encoder hooks keep model-specific objectives out of this loop:
-    ``training_inputs(batch, generator) -> (inputs, targets, trained mask)`` replaces the
-    next-item shift (BERT4Rec's cloze masking), and ``auxiliary_loss()`` returns a term
-    added to the loss after the forward pass (a ponder cost, for instance).
+    ``objective`` is ``BatchLoss(model, config, ctx)`` (built here when not given), or the
+    same wrapped in DistributedDataParallel, whose backward all-reduces the gradients.
     """
-    prepare = getattr(model.encoder, "training_inputs", None)
-    if prepare is not None:
-        inputs, targets, trained = prepare(batch, ctx.generator)
-    else:
-        inputs, targets = batch[:, :-1], batch[:, 1:]
-        trained = (inputs != 0) & (targets != 0)  # the first item of a window has no history to predict it from
-    with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
-        hidden = model.hidden(inputs)  # (B, T, D)
-    loss = compute_loss(
-        config.loss.name, hidden[trained].float(), targets[trained], model.encoder.item_embeddings(), ctx,
-        logq=config.loss.logq, n_uniform=config.loss.n_uniform, n_negatives=config.loss.n_negatives,
-    )
-    auxiliary = getattr(model.encoder, "auxiliary_loss", None)
-    if auxiliary is not None:
-        loss = loss + auxiliary()
+    loss = (objective if objective is not None else BatchLoss(model, config, ctx))(batch)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     clip = config.train.grad_clip if config.train.grad_clip is not None else math.inf
@@ -175,12 +204,15 @@ def fit(
     resume: bool = False,
     progress: bool = True,
     item_features: Tensor | None = None,
+    dist: Distributed | None = None,
 ) -> FitResult:
     """Train with early stopping on ``validate(model)[SELECTION_METRIC]``; returns the best model.
 
     item_features: (n_items + 1, F) side-feature ids for encoders that take them (config n_features > 0).
+    dist: this process's place in a torchrun job (process group already joined); ``validate``
+    runs on rank 0 only, and the other ranks get back their last weights, not the best.
     """
-    device = resolve_device(config)
+    device = resolve_device(config, None if dist is None else dist.local_rank)
     torch.manual_seed(config.train.seed)
     model = config.build(n_items)
     if item_features is not None:
@@ -196,51 +228,56 @@ def fit(
         temperature=model.temperature, project=model._project, generator=generator,
         item_log_prob=item_log_prob(torch.from_numpy(train_items), n_items).to(device),
     )
-    state = TrainState()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(run_dir):
-        return _fit_locked(config, model, windows, optimizer, generator, ctx, state, validate, run_dir, resume,
-                           progress)
+    objective: nn.Module = BatchLoss(model, config, ctx)
+    if dist is not None:
+        if config.train.batch_size % dist.world_size:
+            raise ConfigError(f"train.batch_size={config.train.batch_size} must be divisible by the "
+                              f"{dist.world_size} processes (each trains batch_size / processes windows a step)")
+        objective = data_parallel(objective, device, windows[: config.train.batch_size // dist.world_size])
+    main = dist is None or dist.is_main
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(run_dir) if main else contextlib.nullcontext():
+        return _fit_locked(config, model, objective, windows, optimizer, ctx, validate, run_dir, resume,
+                           progress, dist)
 
 
 def _fit_locked(
-    config: RunConfig, model: Retriever, windows: Tensor, optimizer: torch.optim.Optimizer,
-    generator: torch.Generator, ctx: LossContext, state: TrainState, validate: Validate, run_dir: Path,
-    resume: bool, progress: bool,
+    config: RunConfig, model: Retriever, objective: nn.Module, windows: Tensor, optimizer: torch.optim.Optimizer,
+    ctx: LossContext, validate: Validate, run_dir: Path, resume: bool, progress: bool, dist: Distributed | None,
 ) -> FitResult:
-    if resume:
-        state = load_checkpoint(run_dir, model, optimizer, generator, config)
+    assert ctx.generator is not None
+    generator = ctx.generator
+    state = load_checkpoint(run_dir, model, optimizer, generator, config, dist) if resume else TrainState()
+    main = dist is None or dist.is_main
     steps_per_epoch = -(-len(windows) // config.train.batch_size)
     total_steps = steps_per_epoch * config.train.epochs
     device = windows.device
-    writer = _tensorboard(run_dir)
+    writer = _tensorboard(run_dir) if main else _NoWriter()
     log.info("training %s on %d windows (%d steps/epoch) on %s", config.model.backbone, len(windows),
              steps_per_epoch, device)
     started = time.perf_counter() - state.seconds
     for epoch in range(state.epoch + 1, config.train.epochs + 1):
         if state.bad_evals >= config.train.patience or out_of_time(config, state.seconds):  # a resumed, ended run
             break
-        record = run_epoch(model, windows, optimizer, config, ctx, state, writer, total_steps, epoch,
-                           progress=progress)
+        record = run_epoch(model, objective, windows, optimizer, config, ctx, state, writer, total_steps, epoch,
+                           progress=progress and main, dist=dist)
         last_epoch = epoch == config.train.epochs or out_of_time(config, time.perf_counter() - started)
-        if epoch % config.train.eval_every == 0 or last_epoch:
-            model.eval()
-            metrics = validate(model)
-            record["valid"] = metrics
-            state.observe(epoch, metrics[SELECTION_METRIC], model, run_dir, time.perf_counter() - started)
-        state.seconds = time.perf_counter() - started
-        state.history.append(record)
-        _log_epoch(writer, record, device)
-        save_checkpoint(run_dir, model, optimizer, generator, state, config)
-        if state.bad_evals >= config.train.patience:
-            log.info("early stop at epoch %d: no %s gain for %d validations", epoch, SELECTION_METRIC,
-                     config.train.patience)
-            break
-        if last_epoch and epoch < config.train.epochs:
-            log.info("time budget of %g min used up at epoch %d", config.train.budget_minutes, epoch)
+        if main:
+            if epoch % config.train.eval_every == 0 or last_epoch:
+                model.eval()
+                metrics = validate(model)
+                record["valid"] = metrics
+                state.observe(epoch, metrics[SELECTION_METRIC], model, run_dir, time.perf_counter() - started)
+            state.seconds = time.perf_counter() - started
+            state.history.append(record)
+            _log_epoch(writer, record, device)
+            save_checkpoint(run_dir, model, optimizer, generator, state, config)
+        stop = main and _stops_after(config, state, epoch, last_epoch)
+        if stop if dist is None else from_main(stop):  # every rank leaves the loop at rank 0's epoch
             break
     writer.close()
-    best = load_weights(run_dir / "best.pt", model) if (run_dir / "best.pt").exists() else model
+    best = load_weights(run_dir / "best.pt", model) if main and (run_dir / "best.pt").exists() else model
     best.eval()
     total_sequences = sum(r["sequences_per_second"] * r["epoch_seconds"] for r in state.history)
     train_seconds = sum(r["epoch_seconds"] for r in state.history)
@@ -251,6 +288,17 @@ def _fit_locked(
     )
 
 
+def _stops_after(config: RunConfig, state: TrainState, epoch: int, last_epoch: bool) -> bool:
+    if state.bad_evals >= config.train.patience:
+        log.info("early stop at epoch %d: no %s gain for %d validations", epoch, SELECTION_METRIC,
+                 config.train.patience)
+        return True
+    if epoch < config.train.epochs and (last_epoch or out_of_time(config, state.seconds)):
+        log.info("time budget of %g min used up at epoch %d", config.train.budget_minutes, epoch)
+        return True
+    return False
+
+
 def out_of_time(config: RunConfig, elapsed_seconds: float) -> bool:
     """Whether the run's wall-clock budget (train.budget_minutes; resumed time included) is spent."""
     budget = config.train.budget_minutes
@@ -258,27 +306,39 @@ def out_of_time(config: RunConfig, elapsed_seconds: float) -> bool:
 
 
 def run_epoch(
-    model: Retriever, windows: Tensor, optimizer: torch.optim.Optimizer, config: RunConfig, ctx: LossContext,
-    state: TrainState, writer: Any, total_steps: int, epoch: int, *, progress: bool = True,
+    model: Retriever, objective: nn.Module, windows: Tensor, optimizer: torch.optim.Optimizer, config: RunConfig,
+    ctx: LossContext, state: TrainState, writer: Any, total_steps: int, epoch: int, *, progress: bool = True,
+    dist: Distributed | None = None,
 ) -> dict[str, Any]:
-    """One pass over the shuffled windows; returns the epoch's record (loss, lr, speed, memory)."""
-    model.train()
+    """One pass over the shuffled windows (this rank's shard of them); returns the epoch's record.
+
+    The record holds the loss, lr, speed and memory; under torchrun the loss is the mean over
+    ranks and the speed counts every rank's windows.
+    """
+    objective.train()
     assert ctx.generator is not None
+    batch_size, world_size = config.train.batch_size, 1
+    if dist is not None:
+        reseed(ctx.generator, config.train.seed, epoch, dist.rank)
+        windows = shard(windows, config.train.seed, epoch, dist)
+        batch_size, world_size = batch_size // dist.world_size, dist.world_size
     device = windows.device
-    steps = -(-len(windows) // config.train.batch_size)
+    steps = -(-len(windows) // batch_size)
     epoch_start = time.perf_counter()
     losses: list[float] = []
     n_sequences = 0
     lr = lr_at(state.step, total_steps, config)
-    bar = tqdm(batches(windows, config.train.batch_size, ctx.generator), total=steps, desc=f"epoch {epoch}",
+    bar = tqdm(batches(windows, batch_size, ctx.generator), total=steps, desc=f"epoch {epoch}",
                unit="batch", disable=not progress or None, leave=False)
     for batch in bar:
         lr = lr_at(state.step, total_steps, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, grad_norm = train_step(model, batch, optimizer, config, ctx)
+        loss, grad_norm = train_step(model, batch, optimizer, config, ctx, objective=objective)
+        if dist is not None:
+            loss = mean_over_ranks(loss)
         losses.append(loss)
-        n_sequences += len(batch)
+        n_sequences += len(batch) * world_size
         state.step += 1
         bar.set_postfix(loss=f"{loss:.4f}", seq_s=f"{n_sequences / max(1e-9, time.perf_counter() - epoch_start):.0f}")
         writer.add_scalar("train/loss", loss, state.step)
@@ -329,13 +389,19 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator, config: RunConfig
+    run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator, config: RunConfig,
+    dist: Distributed | None = None,
 ) -> TrainState:
+    """Restore ``run_dir/last.pt``; under torchrun rank 0 reads the file and every rank loads its bytes."""
     path = run_dir / "last.pt"
-    if not path.exists():
+    if dist is None:
+        data = path.read_bytes() if path.exists() else None
+    else:
+        data = broadcast_bytes(path.read_bytes() if dist.is_main and path.exists() else None)
+    if data is None:
         log.warning("--resume: no checkpoint in %s, starting from scratch", run_dir)
         return TrainState()
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     if saved["config"] != config.model_dump_json():
         raise ConfigError(f"{path}: was written with a different config; resume with the same config or a new --out")
     model.load_state_dict(saved["model"])
@@ -388,6 +454,19 @@ def _log_epoch(writer: Any, record: dict[str, Any], device: torch.device) -> Non
     valid = record.get("valid", {})
     log.info("epoch %d loss %.4f %s %.4f %.0f seq/s %.1fs", epoch, record["loss"], SELECTION_METRIC,
              valid.get(SELECTION_METRIC, float("nan")), record["sequences_per_second"], record["epoch_seconds"])
+
+
+class _NoWriter:
+    """The TensorBoard writer of ranks other than 0, which write nothing."""
+
+    def add_scalar(self, *args: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _tensorboard(run_dir: Path) -> Any:
