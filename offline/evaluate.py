@@ -16,6 +16,8 @@ from offline.split import LeaveOneOut, Split
 
 # (B, T) left-padded histories (int64, 0 = padding) -> (B, n_items + 1) scores.
 Scorer = Callable[[Tensor], Tensor]
+# (B, T) left-padded histories -> (B, D) float32 user (query) vectors.
+Encoder = Callable[[Tensor], Tensor]
 
 EVAL_KS = (1, 5, 10, 20, 50)
 _BATCH_BYTES = 256 * 2**20  # score matrix + masks per batch stay around this size
@@ -62,6 +64,92 @@ def target_ranks(
     return ranks
 
 
+def chunked_target_ranks(
+    encode: Encoder,
+    items: Tensor,
+    inputs: Sequences,
+    targets: np.ndarray,
+    *,
+    scale: float = 1.0,
+    batch_size: int = 1024,
+    item_chunk: int | None = None,
+    max_len: int | None = None,
+    desc: str = "evaluate",
+) -> np.ndarray:
+    """The ranks of :func:`target_ranks` for a scorer ``encode(h) @ items.T / scale``, streamed over items too.
+
+    items: (n_items + 1, D) scoring vectors, row 0 padding. Each user batch walks the catalogue in
+    blocks of ``item_chunk`` rows and only counts, per block, the items scoring at least the target
+    (history, padding and the target itself left out), so memory stays at one (batch, item_chunk)
+    block whatever the catalogue size. Each target's score is read from the same kind of block
+    product as the scores it is compared with, so exact ties still count against the target.
+    """
+    n_rows, device = items.shape[0], items.device
+    item_chunk = item_chunk or max(1, _BATCH_BYTES // (batch_size * (4 + 1)))
+    ranks = np.empty(len(inputs), dtype=np.int64)
+    order = length_order(inputs)
+    with torch.inference_mode():
+        for start in tqdm(range(0, len(inputs), batch_size), desc=desc, unit="batch", disable=None, leave=False):
+            rows = order[start : start + batch_size]
+            history = torch.from_numpy(inputs.padded(rows)).to(device)
+            users = encode(history if max_len is None else history[:, -max_len:]).float().to(device)
+            target = torch.from_numpy(targets[rows]).long().to(device)
+            if len(target) and (int(target.min()) < 1 or int(target.max()) >= n_rows):
+                raise ValueError(f"targets must be internal ids in [1, {n_rows - 1}] (0 is padding)")
+            n_chunks = -(-n_rows // item_chunk)
+            owner = torch.div(target, item_chunk, rounding_mode="floor")
+            target_score = torch.empty(len(rows), device=device)
+            if n_chunks > 1:
+                # The target's score comes from the very product the counting pass computes for its block (same
+                # shapes, so the same kernel and rounding): a separately computed dot product can differ in the
+                # last bit and turn exact ties into wins.
+                for chunk in owner.unique().tolist():
+                    lo = chunk * item_chunk
+                    sel = owner == chunk
+                    block = users @ items[lo : lo + item_chunk].T / scale
+                    target_score[sel] = block[sel].gather(1, (target[sel] - lo)[:, None]).squeeze(1)
+            ahead = torch.zeros(len(rows), dtype=torch.int32, device=device)
+            for lo in range(0, n_rows, item_chunk):
+                block = users @ items[lo : lo + item_chunk].T / scale  # (B, C)
+                if block.numel() and torch.isnan(block.amax()):
+                    raise ValueError("scores contain NaN; a NaN cannot be ranked")
+                if n_chunks == 1:
+                    target_score = block.gather(1, target[:, None]).squeeze(1)
+                width = block.shape[1]
+                spare = torch.zeros(len(rows), 1, dtype=torch.bool, device=device)
+                hit = torch.cat([block >= target_score[:, None], spare], 1)
+                # Removed from this block: padding (column 0 of the first), the history and the target; ids
+                # outside the block point at the spare last column, which is dropped.
+                removed = torch.cat([history, target[:, None]], 1) - lo
+                removed = torch.where((removed >= 0) & (removed < width), removed, width)
+                hit.scatter_(1, removed, False)
+                if lo == 0:
+                    hit[:, 0] = False
+                ahead += hit[:, :width].sum(dim=1, dtype=torch.int32)
+            ranks[rows] = (ahead.long() + 1).cpu().numpy()
+    return ranks
+
+
+def evaluate_vectors(
+    encode: Encoder,
+    items: Tensor,
+    data: LeaveOneOut,
+    *,
+    scale: float = 1.0,
+    splits: Sequence[Split] = ("valid", "test"),
+    ks: Sequence[int] = EVAL_KS,
+    batch_size: int | None = None,
+    max_len: int | None = None,
+) -> dict[str, dict[str, float]]:
+    """:func:`evaluate_splits` for a vector model (scores = user . item / scale), streamed over items."""
+    out: dict[str, dict[str, float]] = {}
+    for split in splits:
+        ranks = chunked_target_ranks(encode, items, data.inputs(split), data.targets(split), scale=scale,
+                                     batch_size=batch_size or 1024, max_len=max_len, desc=split)
+        out[split] = summarize(ranks, ks)
+    return out
+
+
 def summarize(ranks: np.ndarray, ks: Sequence[int] = EVAL_KS) -> dict[str, float]:
     values = metrics_from_ranks(torch.from_numpy(ranks), ks)
     return {name: round(float(v.mean()), 6) for name, v in values.items()}
@@ -86,10 +174,6 @@ def evaluate_splits(
         )
         out[split] = summarize(ranks, ks)
     return out
-
-
-# (B, T) left-padded histories -> (B, D) float32 query vectors for the index.
-Encoder = Callable[[Tensor], Tensor]
 
 
 def index_target_ranks(

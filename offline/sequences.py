@@ -62,6 +62,17 @@ class Sequences:
         timestamps = None if self.timestamps is None else self.timestamps[keep]
         return Sequences(offsets, self.items[keep], timestamps)
 
+    def take(self, rows: np.ndarray) -> Sequences:
+        """The sequences of the given users (row indices), in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        starts, ends = self.offsets[rows], self.offsets[rows + 1]
+        lengths = ends - starts
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        # Flat positions of every kept interaction: each start repeated over its length, plus 0..len-1.
+        index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        timestamps = None if self.timestamps is None else self.timestamps[index]
+        return Sequences(offsets, self.items[index], timestamps)
+
     def last(self, back: int = 1) -> np.ndarray:
         """The item ``back`` positions from each sequence's end (1 = the last item)."""
         if np.any(self.lengths < back):

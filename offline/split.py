@@ -36,6 +36,11 @@ class LeaveOneOut:
             return self.full.drop_last(1)
         raise ValueError(f"unknown split {split!r}; expected 'valid' or 'test'")
 
+    def take(self, users: np.ndarray) -> LeaveOneOut:
+        """The same split restricted to some users (row indices), e.g. a validation sample."""
+        return LeaveOneOut(self.full.take(users), self.train.take(users), self.valid_targets[users],
+                           self.test_targets[users])
+
     def targets(self, split: Split) -> np.ndarray:
         if split == "valid":
             return self.valid_targets

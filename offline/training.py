@@ -16,7 +16,7 @@ import torch
 
 from offline.datasets.prepared import PreparedDataset
 from offline.errors import DataError, SeqrecError
-from offline.evaluate import EVAL_KS, evaluate_splits, index_target_ranks, summarize
+from offline.evaluate import EVAL_KS, evaluate_vectors, index_target_ranks, summarize
 from offline.split import LeaveOneOut, Split
 from retriever.artifact import RetrieverArtifact, load_artifact, write_artifact
 from retriever.config import RunConfig, config_from_dict
@@ -58,14 +58,22 @@ def item_feature_matrix(data: PreparedDataset, column: str) -> tuple[np.ndarray,
 
 
 def dense_metrics(model: Retriever, split: LeaveOneOut, n_items: int, max_len: int,
-                  splits: tuple[Split, ...] = ("valid", "test"), batch_size: int | None = None) -> dict[str, Any]:
-    device = next(model.parameters()).device
+                  splits: tuple[Split, ...] = ("valid", "test"), batch_size: int | None = None,
+                  ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+    """Full-ranking metrics of a retriever, streamed over users and item blocks (any catalogue size)."""
     model.eval()
+    with torch.inference_mode():
+        items = model.item_vectors()  # (n_items + 1, D), on the model's device
+    return evaluate_vectors(model.user_vectors, items, split, scale=model.temperature, splits=splits, ks=ks,
+                            batch_size=batch_size, max_len=max_len)
 
-    def scorer(history: Any) -> Any:
-        return model.score(history.to(device)).cpu()
 
-    return evaluate_splits(scorer, split, n_items, splits=splits, max_len=max_len, batch_size=batch_size)
+def evaluation_sample(split: LeaveOneOut, users: int | None, seed: int) -> LeaveOneOut:
+    """``split`` itself, or a fixed random sample of ``users`` of its users (``train.eval_users``)."""
+    if users is None or users >= len(split.full):
+        return split
+    rows = np.sort(np.random.default_rng(seed).choice(len(split.full), size=users, replace=False))
+    return split.take(rows)
 
 
 def index_metrics(artifact: RetrieverArtifact, split: LeaveOneOut, splits: tuple[Split, ...] = ("valid", "test"),
@@ -115,16 +123,19 @@ def _train_retriever(
     split = data.split()
     max_len = config.max_len(data.n_items)
     eval_batch = config.train.eval_batch_size
+    # Model selection and the reported metrics use the same users: all of them, or a fixed sample.
+    evaluated = evaluation_sample(split, config.train.eval_users, config.train.seed)
 
     def validate(model: Retriever) -> dict[str, float]:
-        return dense_metrics(model, split, data.n_items, max_len, ("valid",), eval_batch)["valid"]
+        return dense_metrics(model, evaluated, data.n_items, max_len, ("valid",), eval_batch)["valid"]
 
     result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume,
                  item_features=None if features is None else torch.from_numpy(features), dist=dist)
     if dist is not None and not dist.is_main:
         return None
-    metrics = dense_metrics(result.model, split, data.n_items, max_len, batch_size=eval_batch)
+    metrics = dense_metrics(result.model, evaluated, data.n_items, max_len, batch_size=eval_batch)
     training = {
+        "evaluated_users": len(evaluated.full),
         "best_epoch": result.best_epoch,
         "epochs_run": len(result.history),
         "seconds": round(result.seconds, 1),
@@ -158,10 +169,7 @@ def evaluate_artifact(path: Path, data: PreparedDataset, *, ks: tuple[int, ...] 
     split = data.split()
     model = artifact.model
 
-    def scorer(history: Any) -> Any:
-        return model.score(history)
-
-    dense = evaluate_splits(scorer, split, data.n_items, ks=ks, max_len=artifact.max_len, batch_size=batch_size)
+    dense = dense_metrics(model, split, data.n_items, artifact.max_len, batch_size=batch_size, ks=ks)
     result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest["version"], **dense}
     if use_index:
         result["index"] = {"spec": artifact.manifest.get("index"), **index_metrics(artifact, split, ks=ks)}

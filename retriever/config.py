@@ -75,6 +75,9 @@ class TrainConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1, description="CPU threads (default: torch's choice)")
     eval_batch_size: int | None = Field(None, ge=1)
+    eval_users: int | None = Field(
+        None, ge=1, description="validate and report metrics on this many users drawn once (seed train.seed); "
+        "None = every user. For very large data: full ranking per user is kept, only users are sampled")
 
 
 class RunConfig(BaseModel):

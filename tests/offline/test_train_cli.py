@@ -132,3 +132,24 @@ def test_item_features_from_a_metadata_column(prepared: Path, tmp_path: Path) ->
     assert torch.equal(artifact.model.encoder.item_features, torch.from_numpy(matrix))  # type: ignore[attr-defined]
     assert main(["train", "--data", str(prepared), "--out", str(tmp_path / "bad"), *TINY,
                  "--model.item_features", "colour", "-q"]) == 1
+
+
+def test_eval_users_validates_and_reports_on_a_fixed_user_sample(prepared: Path, artifact: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    from offline.training import dense_metrics, evaluation_sample
+    from retriever.artifact import load_artifact
+
+    out = tmp_path / "sampled"
+    assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "--train.eval_users", "40", "-q"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    full = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["training"]["evaluated_users"] == 40
+    assert full["training"]["evaluated_users"] == 150
+    # The reported metrics are those of the sampled users, recomputed here from the saved weights.
+    data = load_prepared(prepared)
+    model = load_artifact(out, with_index=False).model
+    sample = evaluation_sample(data.split(), 40, 3)
+    max_len = json.loads((out / "config.json").read_text())["model"]["max_len"]
+    expected = dense_metrics(model, sample, data.n_items, max_len)
+    for split in ("valid", "test"):
+        assert manifest["metrics"][split]["NDCG@10"] == pytest.approx(expected[split]["NDCG@10"], abs=1e-6)
