@@ -210,22 +210,36 @@ def _add_export(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         "manifest's checksum. Exact inner product (flat) by default; hnsw or ivf for large catalogues.",
     )
     p.add_argument("--artifact", type=Path, required=True, help="retriever artifact folder")
-    p.add_argument("--index", choices=["flat", "hnsw", "ivf"], default="flat")
+    p.add_argument("--index", choices=["flat", "hnsw", "ivf", "auto"], default="flat",
+                   help="auto: exact up to 200,000 items, else HNSW with the measured defaults (docs/SCALE.md); "
+                   "the other options below then apply only when given")
     p.add_argument("--hnsw-m", type=int, default=32, help="HNSW links per node")
     p.add_argument("--ef-construction", type=int, default=200)
     p.add_argument("--ef-search", type=int, default=128)
     p.add_argument("--nlist", type=int, default=None, help="IVF lists (default about 4*sqrt(n_items))")
     p.add_argument("--nprobe", type=int, default=32, help="IVF lists searched per query")
     p.add_argument("--pq-m", type=int, default=None, help="IVF-PQ sub-quantizers (default: IVF-Flat)")
+    p.add_argument("--gpu-shard", action="store_true",
+                   help="on several GPUs, split the index across them instead of a full copy on each")
     p.set_defaults(handler=_run_export)
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from retriever.artifact import rewrite_index
-    from retriever.index import IndexSpec
+    from dataclasses import replace
 
-    spec = IndexSpec(kind=args.index, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
-                     ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m)
+    from retriever.artifact import rewrite_index
+    from retriever.index import IndexSpec, spec_for_catalogue
+
+    if args.index == "auto":
+        manifest = json.loads((args.artifact / "manifest.json").read_text()) if (
+            args.artifact / "manifest.json").is_file() else {}
+        if "n_items" not in manifest:
+            raise SeqrecError(f"{args.artifact} has no readable manifest.json with n_items")
+        spec = replace(spec_for_catalogue(int(manifest["n_items"])), gpu_shard=args.gpu_shard)
+    else:
+        spec = IndexSpec(kind=args.index, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
+                         ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
+                         gpu_shard=args.gpu_shard)
     manifest = rewrite_index(args.artifact, spec)
     print(f"exported {manifest['n_items']:,} items ({spec.kind}) -> {args.artifact / 'items.faiss'}")
     return 0

@@ -77,6 +77,20 @@ def test_export_hnsw_keeps_the_artifact_loadable(artifact: Path, prepared: Path,
     assert result["index"]["test"]["HR@50"] >= result["test"]["HR@50"] - 0.05
 
 
+def test_export_auto_and_gpu_shard_are_recorded(artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    assert main(["export", "--artifact", str(copy), "--index", "auto", "--gpu-shard"]) == 0
+    spec = json.loads((copy / "manifest.json").read_text())["index"]
+    assert spec["kind"] == "flat"  # a 60-item catalogue is searched exactly
+    assert spec["gpu_shard"] is True
+    capsys.readouterr()
+    assert main(["export", "--artifact", str(tmp_path / "missing"), "--index", "auto"]) == 1
+    assert "no readable manifest.json" in capsys.readouterr().err
+
+
 def test_training_refuses_to_overwrite_and_reports_bad_config(artifact: Path, prepared: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture) -> None:
     capsys.readouterr()

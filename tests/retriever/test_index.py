@@ -314,7 +314,7 @@ def test_spec_for_catalogue_by_size() -> None:
     assert spec_for_catalogue(1_000).kind == "flat"
     assert spec_for_catalogue(200_000).kind == "flat"
     large = spec_for_catalogue(200_001)
-    assert large == IndexSpec(kind="hnsw", hnsw_m=32, ef_construction=200, ef_search=128)
+    assert large == IndexSpec(kind="hnsw", hnsw_m=32, ef_construction=128, ef_search=256)
 
 
 def test_clear_errors() -> None:
