@@ -444,7 +444,7 @@ def add_bench_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     p.add_argument("--threads", type=int, default=None, help="shorthand for --set train.threads=N")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="shorthand for train.device")
     p.set_defaults(handler=run_bench)
-    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve,index,merge}", required=False)
+    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve,index,merge,scale}", required=False)
     merge = tools.add_parser(
         "merge", parents=[common], help="one table from several bench outputs on the same data",
         description="Read the per-run records of several `seqrec bench` outputs (same dataset and limits; "
@@ -554,9 +554,12 @@ def add_bench_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     scl.add_argument("--requests", type=int, default=500, help="distinct request bodies")
     scl.add_argument("--min-len", type=int, default=20, help="shortest request history")
     scl.add_argument("--max-len", type=int, default=50, help="longest request history")
+    scl.add_argument("--index", choices=["auto", "flat", "hnsw", "ivf"], default="auto",
+                     help="the serving bundles' index (auto: exact up to 200,000 items, else HNSW)")
     scl.add_argument("--memory-steps", type=int, default=20, help="training steps per memory point (about)")
     scl.add_argument("--threads", type=int, default=1, help="torch threads for training, serving and index builds")
-    scl.add_argument("--point-timeout", type=float, default=3600.0, help="seconds before a point counts as failed")
+    scl.add_argument("--point-timeout", type=float, default=3600.0,
+                     help="seconds a training process or a server start may take before its point fails")
     scl.add_argument("--seed", type=int, default=0)
     scl.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="config override (repeatable)")
     scl.add_argument("--keep-work", action="store_true", help="keep OUT/work (data, runs, bundles)")
