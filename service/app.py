@@ -32,7 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.pipeline import Bundle, BundleError, Engine, Query, load_bundle, resolve_bundle
+from service.pipeline import Bundle, BundleError, Engine, Query, load_bundle, resolve_bundle, set_threads
 from service.schemas import (
     INVALID,
     MAX_QUERY,
@@ -115,9 +115,7 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        import torch
-
-        torch.set_num_threads(settings.threads)
+        set_threads(settings.threads)
         if preloaded is None:
             path = resolve_bundle(settings.artifacts)
             served = await asyncio.to_thread(load_bundle, path)

@@ -309,7 +309,7 @@ class Engine:
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._inference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqrec-inference",
-                                             initializer=torch.set_num_threads, initargs=(threads,))
+                                             initializer=set_threads, initargs=(threads,))
         self._reload_lock = asyncio.Lock()
         self.batches = 0
         self.batch_sizes: list[int] = []  # recent batch sizes, for /metrics
@@ -385,6 +385,14 @@ class Engine:
             return old, new
 
 
-def _load_with_threads(path: Path, threads: int) -> Bundle:
+def set_threads(threads: int) -> None:
+    """Threads of the calling thread's torch ops and FAISS searches (OpenMP's count is per calling thread)."""
+    import faiss
+
     torch.set_num_threads(threads)
+    faiss.omp_set_num_threads(threads)
+
+
+def _load_with_threads(path: Path, threads: int) -> Bundle:
+    set_threads(threads)
     return load_bundle(path)

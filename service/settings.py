@@ -25,7 +25,7 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="when set, writes and /admin need `Bearer <key>`")
     max_batch: int = Field(32, ge=1, le=1024, description="requests micro-batched into one forward pass")
     max_wait_ms: float = Field(2.0, ge=0, le=1000, description="how long a batch waits for more requests")
-    threads: int = Field(1, ge=1, le=256, description="torch threads for inference")
+    threads: int = Field(1, ge=1, le=256, description="torch and FAISS threads for inference")
     personalize_beta: float = Field(1e-5, ge=0, le=1, description="PCRec-simple step size (`personalize: true`)")
     personalize_steps: int = Field(1, ge=0, le=10, description="PCRec-simple gradient steps per request")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
