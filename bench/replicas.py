@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from offline.bench_serve import (
     report_table,
     run_load,
     start_server_process,
+    stop_process,
 )
 
 NGINX_CONF = Path(__file__).resolve().parents[1] / "docker" / "nginx.conf"
@@ -135,18 +135,7 @@ def start_nginx(servers: Sequence[str], binary: str = "nginx", ready_timeout_s: 
             log.info("nginx ready at %s in front of %s", url, ", ".join(servers))
             yield url
         finally:
-            _stop(process)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+            stop_process(process)
 
 
 # --------------------------------------------------------------------------- measuring

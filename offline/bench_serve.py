@@ -158,10 +158,11 @@ def start_server_process(app_spec: str, env: dict[str, str] | None = None, port:
             log.info("%s ready at %s (pid %d)", app_spec, url, process.pid)
             yield RunningServer(url, process.pid, output)
         finally:
-            _stop(process)
+            stop_process(process)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s; returns once the process is gone."""
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)
