@@ -131,7 +131,17 @@ def train_and_measure(config: RunConfig, data: PreparedDataset, run_dir: Path, i
 
 
 def same_config(resolved: dict[str, Any], stored: dict[str, Any]) -> bool:
-    """Training adds the item-feature sizes to the stored model section; every other key must match."""
+    """Training adds the item-feature sizes to the stored model section; every other key must match.
+
+    The stored config is read through today's schema first, so a key added since the run was made
+    counts with its default instead of making every earlier run "another config".
+    """
+    from retriever.config import config_from_dict
+
+    try:
+        stored = config_from_dict(stored, source="stored config").model_dump(mode="json")
+    except ValueError:
+        return False
     model = {k: v for k, v in stored.get("model", {}).items() if k in resolved.get("model", {})}
     return {**stored, "model": model} == resolved
 

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from retriever.atomic import atomic_write, write_jsonl
-from retriever.config import ConfigError, RunConfig
+from retriever.config import ConfigError, RunConfig, config_from_dict
 from retriever.distributed import Distributed, broadcast_bytes, data_parallel, from_main, mean_over_ranks, reseed, shard
 from retriever.losses import LossContext, compute_loss, item_log_prob
 from retriever.model import Retriever
@@ -388,6 +388,16 @@ def save_checkpoint(
     }, run_dir / "last.pt")
 
 
+def same_run_config(stored_json: str, config: RunConfig) -> bool:
+    """Whether a checkpoint's config is ``config``; keys added to the config since it was written count
+    with their defaults (a field added by an upgrade must not orphan every unfinished run)."""
+    try:
+        stored = config_from_dict(json.loads(stored_json), source="checkpoint config")
+    except ValueError:  # unreadable JSON or a config today's schema refuses (a ConfigError is a ValueError)
+        return False
+    return stored.model_dump() == config.model_dump()
+
+
 def load_checkpoint(
     run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator, config: RunConfig,
     dist: Distributed | None = None,
@@ -402,7 +412,7 @@ def load_checkpoint(
         log.warning("--resume: no checkpoint in %s, starting from scratch", run_dir)
         return TrainState()
     saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    if saved["config"] != config.model_dump_json():
+    if not same_run_config(saved["config"], config):
         raise ConfigError(f"{path}: was written with a different config; resume with the same config or a new --out")
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])

@@ -255,3 +255,16 @@ def test_merge_refuses_other_data_and_a_run_twice(bench: Path, tmp_path: Path,
     assert main(["bench", "merge", "--from", str(bench), "--from", str(bench), "--out", str(tmp_path / "o")]) == 1
     assert "seed 1 is in both" in capsys.readouterr().err
     assert not (tmp_path / "o" / "results.md").exists()
+
+
+def test_a_finished_run_from_before_a_config_key_was_added_is_still_the_same_config() -> None:
+    from offline.bench import same_config
+    from retriever.config import config_from_dict
+
+    resolved = config_from_dict({"model": {"backbone": "sasrec", "max_len": 10}}).model_dump(mode="json")
+    stored = json.loads(json.dumps(resolved))
+    del stored["train"]["eval_users"]  # as an artifact written before the key existed has it
+    assert same_config(resolved, stored)
+    stored["train"]["lr"] = 0.5
+    assert not same_config(resolved, stored)
+    assert not same_config(resolved, {"model": {"backbone": "no-such-backbone"}})

@@ -7,7 +7,7 @@ import torch
 from offline.evaluate import evaluate_splits
 from offline.sequences import Sequences
 from offline.split import leave_one_out
-from retriever.config import config_from_dict
+from retriever.config import ConfigError, config_from_dict
 from retriever.model import Retriever
 from retriever.train import batches, fit, lr_at, make_windows
 
@@ -93,6 +93,32 @@ def test_same_seed_same_result_and_resume_continues(tmp_path: Path) -> None:
             progress=False)
     assert [r["epoch"] for r in c.history] == [1, 2, 3, 4]
     assert np.allclose([r["loss"] for r in c.history], [r["loss"] for r in a.history], rtol=1e-5)
+
+
+def test_resume_accepts_a_checkpoint_from_before_a_config_key_was_added(tmp_path: Path) -> None:
+    """A checkpoint whose stored config lacks a key added since (here train.eval_users) resumes: the key
+    counts with its default. A real difference is still refused."""
+    import json
+
+    split = leave_one_out(_cycle_sequences(n_users=60))
+    raw = {**TINY, "train": {**TINY["train"], "epochs": 2, "patience": 10}}
+    config = config_from_dict(raw)
+    validate = _validate_fn(split, 30)
+    fit(config, split.train.offsets, split.train.items, 30, validate, tmp_path / "r", progress=False)
+    checkpoint = torch.load(tmp_path / "r" / "last.pt", weights_only=True)
+    stored = json.loads(checkpoint["config"])
+    del stored["train"]["eval_users"]  # as written before the key existed
+    stored["train"]["epochs"] = 3  # the run is continued to a third epoch
+    longer = config_from_dict({**raw, "train": {**raw["train"], "epochs": 3}})
+    checkpoint["config"] = json.dumps(stored)
+    torch.save(checkpoint, tmp_path / "r" / "last.pt")
+    resumed = fit(longer, split.train.offsets, split.train.items, 30, validate, tmp_path / "r", resume=True,
+                  progress=False)
+    assert [r["epoch"] for r in resumed.history] == [1, 2, 3]
+    other = config_from_dict({**raw, "train": {**raw["train"], "epochs": 3, "lr": 0.5}})
+    with pytest.raises(ConfigError, match="different config"):
+        fit(other, split.train.offsets, split.train.items, 30, validate, tmp_path / "r", resume=True,
+            progress=False)
 
 
 def test_a_second_process_cannot_train_into_the_same_folder(tmp_path: Path) -> None:
