@@ -307,7 +307,8 @@ def write_results(out: Path, records: Sequence[dict[str, Any]], meta: dict[str, 
 MERGE_KEYS = ("dataset", "users", "items", "max_epochs", "budget_minutes", "infer_batch")
 
 
-def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = ()) -> list[dict[str, Any]]:
+def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = (),
+                  min_seeds: int = 0) -> list[dict[str, Any]]:
     """One table from several `seqrec bench` outputs on the same data (e.g. models run on different days).
 
     The per-run records are taken as they are (nothing is retrained or re-measured); sources must agree
@@ -340,12 +341,23 @@ def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = (
                 raise SeqrecError(f"{run[0]} seed {run[1]} is in both {seen[run]} and {path}")
             seen[run] = path
             records.append(record)
+    if min_seeds:  # a table of complete rows only: models with fewer finished seeds are left out, failures too
+        finished: dict[str, set[int]] = {}
+        for record in records:
+            if "error" not in record:
+                finished.setdefault(str(record["model"]), set()).add(int(record["seed"]))
+        keep = {model for model, done in finished.items() if len(done) >= min_seeds}
+        dropped = sorted({str(r["model"]) for r in records} - keep)
+        if dropped:
+            log.info("left out (fewer than %d finished seeds): %s", min_seeds, ", ".join(dropped))
+        records = [r for r in records if r["model"] in keep and "error" not in r]
     seeds = list(dict.fromkeys(seed for _, p in payloads for seed in p.get("seeds", [])))
     commands = "`; `".join(p["command"] for _, p in payloads)
     meta = {**{key: first.get(key) for key in MERGE_KEYS}, "data": first.get("data"), "seeds": seeds,
             "models_requested": [m for _, p in payloads for m in p.get("models_requested", [])],
             "command": f"{commands}`, merged by `seqrec bench merge "
-                       + " ".join(f"--from {path.parent}" for path, _ in payloads) + f" --out {out}",
+                       + " ".join(f"--from {path.parent}" for path, _ in payloads)
+                       + (f" --min-seeds {min_seeds}" if min_seeds else "") + f" --out {out}",
             "sources": [str(path) for path, _ in payloads], "remarks": list(remarks)}
     out.mkdir(parents=True, exist_ok=True)
     for path, _ in payloads:
@@ -356,7 +368,9 @@ def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = (
 
 
 def _run_merge(args: argparse.Namespace) -> int:
-    rows = merge_results(args.sources, args.out, args.remark or [])
+    if args.min_seeds < 0:
+        raise SeqrecError(f"--min-seeds must be >= 0, got {args.min_seeds}")
+    rows = merge_results(args.sources, args.out, args.remark or [], args.min_seeds)
     print(f"{len(rows)} models -> {args.out / 'results.md'} (.json, .csv)")
     return 0
 
@@ -464,6 +478,8 @@ def add_bench_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentP
                        help="a bench --out folder or its results.json (repeatable; models keep this order)")
     merge.add_argument("--out", type=Path, required=True, help="folder for the merged tables")
     merge.add_argument("--remark", action="append", help="a paragraph for the table's text (repeatable)")
+    merge.add_argument("--min-seeds", type=int, default=0,
+                       help="keep only models with at least this many finished seeds (complete rows)")
     merge.set_defaults(handler=_run_merge)
     lat = tools.add_parser(
         "latency", parents=[common], help="forward latency and throughput against sequence length",

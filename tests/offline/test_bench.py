@@ -244,6 +244,19 @@ def test_merge_makes_one_table_from_two_outputs_without_retraining(setup: tuple[
         (bench / "results.md").read_text().split("## Test")[1].split("## Validation")[0]
 
 
+def test_merge_min_seeds_keeps_complete_rows_only(bench: Path, tmp_path: Path) -> None:
+    whole = json.loads((bench / "results.json").read_text())
+    part = tmp_path / "part"
+    part.mkdir()
+    runs = [r for r in whole["runs"] if not (r["model"] == "transformer" and r["seed"] == 2)]
+    (part / "results.json").write_text(json.dumps({**whole, "runs": runs}))
+    out = tmp_path / "complete"
+    assert main(["bench", "merge", "--from", str(part), "--min-seeds", "2", "--out", str(out), "-q"]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    assert [row["model"] for row in merged["models"]] == ["sasrec"]  # transformer has 1 seed, broken failed
+    assert "--min-seeds 2" in merged["command"]
+
+
 def test_merge_refuses_other_data_and_a_run_twice(bench: Path, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     whole = json.loads((bench / "results.json").read_text())
