@@ -142,12 +142,14 @@ def evaluate_vectors(
     max_len: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """:func:`evaluate_splits` for a vector model (scores = user . item / scale), streamed over items."""
-    out: dict[str, dict[str, float]] = {}
-    for split in splits:
-        ranks = chunked_target_ranks(encode, items, data.inputs(split), data.targets(split), scale=scale,
-                                     batch_size=batch_size or 1024, max_len=max_len, desc=split)
-        out[split] = summarize(ranks, ks)
-    return out
+    return _per_split(data, splits, ks, lambda inputs, targets, split: chunked_target_ranks(
+        encode, items, inputs, targets, scale=scale, batch_size=batch_size or 1024, max_len=max_len, desc=split))
+
+
+def _per_split(data: LeaveOneOut, splits: Sequence[Split], ks: Sequence[int],
+               ranks_of: Callable[[Sequences, np.ndarray, Split], np.ndarray]) -> dict[str, dict[str, float]]:
+    """{"valid": {...}, "test": {...}}: ``ranks_of(inputs, targets, split)`` summarised per split."""
+    return {split: summarize(ranks_of(data.inputs(split), data.targets(split), split), ks) for split in splits}
 
 
 def summarize(ranks: np.ndarray, ks: Sequence[int] = EVAL_KS) -> dict[str, float]:
@@ -166,14 +168,8 @@ def evaluate_splits(
     max_len: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """{"valid": {...}, "test": {...}} metric means for the scorer."""
-    out: dict[str, dict[str, float]] = {}
-    for split in splits:
-        ranks = target_ranks(
-            scorer, data.inputs(split), data.targets(split), n_items,
-            batch_size=batch_size, max_len=max_len, desc=split,
-        )
-        out[split] = summarize(ranks, ks)
-    return out
+    return _per_split(data, splits, ks, lambda inputs, targets, split: target_ranks(
+        scorer, inputs, targets, n_items, batch_size=batch_size, max_len=max_len, desc=split))
 
 
 def index_target_ranks(
