@@ -26,6 +26,7 @@ from offline.datasets.base import RawDataset, natural_key
 from offline.datasets.prepared import FORMAT, ITEMS, MANIFEST, SEQUENCES, USERS, sha256_file
 from offline.errors import SeqrecError
 from offline.split import MIN_LENGTH
+from retriever.atomic import replace_dir
 
 log = logging.getLogger(__name__)
 
@@ -206,21 +207,10 @@ def _write_atomically(out: Path, tables: dict[str, pa.Table | None], manifest: d
                 checksums[name] = sha256_file(staging / name)
         manifest = {**manifest, "sha256": checksums}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _swap_in(staging, out)
+        replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _swap_in(staging: Path, out: Path) -> None:
-    """Replace ``out`` by ``staging`` with renames, so readers never see half a folder."""
-    if not out.exists():
-        os.replace(staging, out)
-        return
-    retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-    os.replace(out, retired / out.name)
-    os.replace(staging, out)
-    shutil.rmtree(retired, ignore_errors=True)
 
 
 def prepare_dataset(dataset: str, out: str | Path, options: Any, filters: Filters | None = None, *,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -28,3 +30,14 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
 def sha256_file(path: Path) -> str:
     with path.open("rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def replace_dir(staging: Path, out: Path) -> None:
+    """Replace the folder ``out`` by ``staging`` (a sibling) with renames, so readers never see half a folder."""
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+    os.replace(out, retired / out.name)
+    os.replace(staging, out)
+    shutil.rmtree(retired, ignore_errors=True)
