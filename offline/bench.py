@@ -308,12 +308,13 @@ MERGE_KEYS = ("dataset", "users", "items", "max_epochs", "budget_minutes", "infe
 
 
 def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = (),
-                  min_seeds: int = 0) -> list[dict[str, Any]]:
+                  min_seeds: int = 0, models: Sequence[str] = ()) -> list[dict[str, Any]]:
     """One table from several `seqrec bench` outputs on the same data (e.g. models run on different days).
 
     The per-run records are taken as they are (nothing is retrained or re-measured); sources must agree
     on the dataset, its size and the quick-comparison limits, and no (model, seed) run may appear twice.
-    Their resolved configs are copied beside the table.
+    ``models``: only these models' runs (the others are ignored, duplicates included). The resolved
+    configs of the models in the table are copied beside it.
     """
     import shutil
 
@@ -336,6 +337,8 @@ def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = (
     seen: dict[tuple[str, int], Path] = {}
     for path, payload in payloads:
         for record in payload.get("runs", []):
+            if models and str(record["model"]) not in models:
+                continue
             run = (str(record["model"]), int(record["seed"]))
             if run in seen:
                 raise SeqrecError(f"{run[0]} seed {run[1]} is in both {seen[run]} and {path}")
@@ -351,26 +354,35 @@ def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = (
         if dropped:
             log.info("left out (fewer than %d finished seeds): %s", min_seeds, ", ".join(dropped))
         records = [r for r in records if r["model"] in keep and "error" not in r]
+    absent = [m for m in models if m not in {str(r["model"]) for r in records}]
+    if absent:
+        raise SeqrecError(f"no {'complete ' if min_seeds else ''}runs of {', '.join(absent)} in the sources")
     seeds = list(dict.fromkeys(seed for _, p in payloads for seed in p.get("seeds", [])))
     commands = "`; `".join(p["command"] for _, p in payloads)
     meta = {**{key: first.get(key) for key in MERGE_KEYS}, "data": first.get("data"), "seeds": seeds,
             "models_requested": [m for _, p in payloads for m in p.get("models_requested", [])],
             "command": f"{commands}`, merged by `seqrec bench merge "
                        + " ".join(f"--from {path.parent}" for path, _ in payloads)
-                       + (f" --min-seeds {min_seeds}" if min_seeds else "") + f" --out {out}",
+                       + (f" --min-seeds {min_seeds}" if min_seeds else "")
+                       + (f" --models {','.join(models)}" if models else "") + f" --out {out}",
             "sources": [str(path) for path, _ in payloads], "remarks": list(remarks)}
     out.mkdir(parents=True, exist_ok=True)
+    kept = {str(r["model"]) for r in records}
     for path, _ in payloads:
         configs = path.parent / "configs"
         if configs.is_dir() and configs.resolve() != (out / "configs").resolve():
-            shutil.copytree(configs, out / "configs", dirs_exist_ok=True)
+            (out / "configs").mkdir(exist_ok=True)
+            for config in configs.glob("*.yaml"):
+                if config.stem in kept:
+                    shutil.copy2(config, out / "configs" / config.name)
     return write_results(out, records, meta)
 
 
 def _run_merge(args: argparse.Namespace) -> int:
     if args.min_seeds < 0:
         raise SeqrecError(f"--min-seeds must be >= 0, got {args.min_seeds}")
-    rows = merge_results(args.sources, args.out, args.remark or [], args.min_seeds)
+    models = [m for m in (args.models or "").split(",") if m]
+    rows = merge_results(args.sources, args.out, args.remark or [], args.min_seeds, models)
     print(f"{len(rows)} models -> {args.out / 'results.md'} (.json, .csv)")
     return 0
 
@@ -480,6 +492,8 @@ def add_bench_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     merge.add_argument("--remark", action="append", help="a paragraph for the table's text (repeatable)")
     merge.add_argument("--min-seeds", type=int, default=0,
                        help="keep only models with at least this many finished seeds (complete rows)")
+    merge.add_argument("--models", default=None,
+                       help="comma-separated: only these models' runs (e.g. to keep unfinished rows apart)")
     merge.set_defaults(handler=_run_merge)
     lat = tools.add_parser(
         "latency", parents=[common], help="forward latency and throughput against sequence length",

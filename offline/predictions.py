@@ -1,10 +1,10 @@
 """Readable predictions: a few users' recent history and top-k, retriever and reranked order side by side.
 
-Each user is shown as the service would answer at the test point: the history is everything
-before the test target (training items and the validation item), the retriever's order is
-the artifact's FAISS index with the history excluded (as in evaluation, a target the user
-already had stays eligible), and the reranked order is the
-bundle's ranker over the retriever's candidates (the same features as `seqrec evaluate`).
+Each user is shown at the test point: the history is everything before the test target
+(training items and the validation item); the retriever's order is the artifact's FAISS
+index with the history excluded (as in evaluation, a target the user already had stays
+eligible); the reranked order is the bundle's ranker over the retriever's candidates, with
+the features `seqrec evaluate` uses.
 The test target is marked wherever it appears.
 """
 

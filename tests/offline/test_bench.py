@@ -257,6 +257,27 @@ def test_merge_min_seeds_keeps_complete_rows_only(bench: Path, tmp_path: Path) -
     assert "--min-seeds 2" in merged["command"]
 
 
+def test_merge_models_keeps_only_those_runs_and_their_configs(bench: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # The same output twice: every run is a duplicate, but only transformer's are read from the second.
+    first = json.loads((bench / "results.json").read_text())
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "results.json").write_text(json.dumps({**first, "runs": [r for r in first["runs"]
+                                                                       if r["model"] == "transformer"]}))
+    out = tmp_path / "only"
+    assert main(["bench", "merge", "--from", str(second), "--models", "transformer", "--out", str(out), "-q"]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    assert {r["model"] for r in merged["runs"]} == {"transformer"}
+    assert [row["model"] for row in merged["models"]] == ["transformer"]
+    assert "--models transformer" in merged["command"]
+    assert main(["bench", "merge", "--from", str(bench), "--from", str(second), "--models", "sasrec",
+                 "--out", str(tmp_path / "sasrec"), "-q"]) == 0
+    assert sorted(p.name for p in (tmp_path / "sasrec" / "configs").iterdir()) == ["sasrec.yaml"]
+    assert main(["bench", "merge", "--from", str(bench), "--models", "nosuch", "--out", str(tmp_path / "x")]) == 1
+    assert "no runs of nosuch" in capsys.readouterr().err
+
+
 def test_merge_refuses_other_data_and_a_run_twice(bench: Path, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     whole = json.loads((bench / "results.json").read_text())
