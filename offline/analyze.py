@@ -69,9 +69,13 @@ def load_models(paths: Sequence[Path], data: PreparedDataset) -> dict[str, Retri
 
 
 def item_vectors(artifact: RetrieverArtifact) -> np.ndarray:
-    """(n_items, D) float64 scoring vectors of the real items (padding row dropped)."""
+    """(n_items, D) float64 item embeddings as the encoder makes them, padding row dropped.
+
+    These are taken before the retriever's cosine projection: a cosine model scores with their unit
+    versions, so its norms would all read 1; the directions (hubness, anisotropy, t-SNE) are the same.
+    """
     with torch.inference_mode():
-        return artifact.model.item_vectors()[1:].double().cpu().numpy()
+        return artifact.model.encoder.item_embeddings()[1:].double().cpu().numpy()
 
 
 def training_curve(artifact: RetrieverArtifact) -> list[dict[str, Any]]:
@@ -143,7 +147,8 @@ def build_report(paths: Sequence[Path], data: PreparedDataset, options: AnalyzeO
         "data": {"path": str(data.path), "users": data.n_users, "items": data.n_items},
         "options": {**options.__dict__, "length_edges": list(options.length_edges), "user_ids": list(options.user_ids)},
         "models": [{"label": label, "path": str(a.path), "version": a.manifest.get("version"),
-                    "backbone": a.config.model.backbone, "metrics": a.manifest.get("metrics")}
+                    "backbone": a.config.model.backbone, "similarity": a.config.model.similarity,
+                    "metrics": a.manifest.get("metrics")}
                    for label, a in models.items()],
         "geometry": {label: geometry(v, k=options.k) for label, v in vectors.items()},
         "cka": cka_section(vectors),

@@ -245,15 +245,20 @@ STYLE = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto
 def render_html(report: Mapping[str, Any], images: Sequence[str]) -> str:
     """The report page; ``images`` are the PNG names written beside it."""
     b = report["breakdown"]
-    models = _table(["model", "backbone", "artifact", "version"],
-                    [[m["label"], m["backbone"], m["path"], m["version"]] for m in report["models"]])
+    models = _table(["model", "backbone", "similarity", "test NDCG@10", "artifact", "version"],
+                    [[m["label"], m["backbone"], m["similarity"],
+                      (m.get("metrics") or {}).get("test", {}).get("NDCG@10"), m["path"], m["version"]]
+                     for m in report["models"]])
     figure = {name: f"<figure><img src='{name}' alt='{html.escape(PLOTS[name][0])}'></figure>" for name in images}
     head = b["head"]
     sections = [
         f"<h1>seqrec analyze: {html.escape(report['data']['path'])}</h1>",
         f"<p>{report['data']['users']:,} users, {report['data']['items']:,} items. Report JSON: "
         "<a href='report.json'>report.json</a>.</p>", models,
-        "<h2>1. Item-embedding geometry</h2>", _geometry_table(report),
+        "<h2>1. Item-embedding geometry</h2>",
+        "<p>The encoders' item embeddings (before the cosine projection of models that score by cosine, so the "
+        "norms mean something; hubness, anisotropy and t-SNE use cosine similarity, as scoring does).</p>",
+        _geometry_table(report),
         *(figure.get(n, "") for n in ("spectrum.png", "hubness.png", "norms.png", "tsne.png", "cka.png")),
         "<h2>2. Where the model wins</h2>",
         f"<p>Split: {b['split']}. Head = the {head['items']:,} most popular items of {head['catalogue']:,}, "
