@@ -87,6 +87,8 @@ def top_k(artifact: RetrieverArtifact, split: LeaveOneOut, rows: np.ndarray, k: 
 def readable_predictions(artifacts: Mapping[str, RetrieverArtifact], data: PreparedDataset, rows: np.ndarray, *,
                          k: int = 10, recent: int = 10) -> list[dict[str, Any]]:
     """One record per user: recent history, the test target and each model's top-k lists."""
+    if len(rows) == 0:
+        return []
     split = data.split()
     described = item_descriptions(data)
     lists = {label: top_k(artifact, split, rows, k) for label, artifact in artifacts.items()}

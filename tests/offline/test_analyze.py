@@ -147,4 +147,7 @@ def test_mistakes_exit_1_and_keep_the_previous_report(setup: dict[str, Path], tm
                  "-q"]) == 1
     assert "different item catalogue" in capsys.readouterr().err
     assert (report / "report.json").read_bytes() == before
+    none = tmp_path / "no-users"
+    assert main([*base[:-1], str(none), "--users", "0", "--tsne-items", "20", "-q"]) == 0  # no predictions section
+    assert json.loads((none / "report.json").read_text())["predictions"] == []
     assert sorted(p.name for p in setup["root"].iterdir() if p.name.startswith(".report")) == []  # no staging left
