@@ -171,7 +171,7 @@ def write_report(report: Mapping[str, Any], out: Path) -> list[str]:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         images = draw_all(report, staging)
-        (staging / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        (staging / "report.json").write_text(json.dumps(report, separators=(",", ":")) + "\n")  # large arrays
         (staging / "report.html").write_text(render_html(report, images))
         replace_dir(staging, out)
     except BaseException:

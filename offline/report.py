@@ -29,8 +29,8 @@ def _figure(n_panels: int, width: float = 5.0, height: float = 3.8, columns: int
     return figure, axes[:n_panels]
 
 
-def _save(figure: Figure, path: Path) -> bool:
-    figure.savefig(path, dpi=110, format="png")
+def _save(figure: Figure, path: Path, dpi: int = 110) -> bool:
+    figure.savefig(path, dpi=dpi, format="png")
     return True
 
 
@@ -97,7 +97,7 @@ def plot_tsne(report: Mapping[str, Any], path: Path) -> bool:
         for ax in (by_label, by_popularity):
             ax.set_xticks([])
             ax.set_yticks([])
-    return _save(figure, path)
+    return _save(figure, path, dpi=80)  # thousands of points per panel: a lower resolution keeps the file small
 
 
 def plot_cka(report: Mapping[str, Any], path: Path) -> bool:
