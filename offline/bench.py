@@ -365,7 +365,9 @@ def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = (
                        + " ".join(f"--from {path.parent}" for path, _ in payloads)
                        + (f" --min-seeds {min_seeds}" if min_seeds else "")
                        + (f" --models {','.join(models)}" if models else "") + f" --out {out}",
-            "sources": [str(path) for path, _ in payloads], "remarks": list(remarks)}
+            "sources": [str(path) for path, _ in payloads],
+            # the sources' own remarks stay: a caveat about some rows must survive later merges
+            "remarks": list(dict.fromkeys([*(r for _, p in payloads for r in p.get("remarks", [])), *remarks]))}
     out.mkdir(parents=True, exist_ok=True)
     kept = {str(r["model"]) for r in records}
     for path, _ in payloads:

@@ -239,6 +239,9 @@ def test_merge_makes_one_table_from_two_outputs_without_retraining(setup: tuple[
     assert merged["runs"] == whole["runs"]
     markdown = (out / "results.md").read_text()
     assert "A remark about these runs." in markdown
+    again = tmp_path / "again"  # a merge of the merged table keeps its remark and adds the new one
+    assert main(["bench", "merge", "--from", str(out), "--remark", "Another.", "--out", str(again), "-q"]) == 0
+    assert json.loads((again / "results.json").read_text())["remarks"] == ["A remark about these runs.", "Another."]
     assert "seqrec bench merge --from" in markdown
     assert markdown.split("## Test")[1].split("## Validation")[0] == \
         (bench / "results.md").read_text().split("## Test")[1].split("## Validation")[0]
