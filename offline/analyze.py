@@ -94,14 +94,10 @@ def training_curve(artifact: RetrieverArtifact) -> list[dict[str, Any]]:
 
 def item_labels(data: PreparedDataset) -> tuple[str, list[str]]:
     """The metadata column used for colour and each item's main label (its first value; "none" without one)."""
-    column = next((c for c in ("genres", "attributes", "category", "brand") if c in data.items.column_names), None)
-    if column is None:
-        return "none", ["none"] * data.n_items
-    labels = []
-    for value in data.items.column(column).to_pylist():
-        first = value[0] if isinstance(value, list) and value else value
-        labels.append("none" if first in (None, []) else str(first))
-    return column, labels
+    from offline.predictions import item_metadata
+
+    column, values = item_metadata(data)
+    return column or "none", [v[0] if v else "none" for v in values]
 
 
 def tsne_section(vectors: Mapping[str, np.ndarray], data: PreparedDataset, counts: np.ndarray,
@@ -204,10 +200,6 @@ def run_analyze(args: argparse.Namespace) -> int:
     from offline.datasets.prepared import load_prepared
 
     options = check_options(args)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise SeqrecError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
     data = load_prepared(args.data)
     if options.k >= data.n_items:
         raise SeqrecError(f"--k must be below the number of items ({data.n_items})")

@@ -499,6 +499,7 @@ def _add_analyze(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
 def _run_analyze(args: argparse.Namespace) -> int:
     from offline.analyze import run_analyze
 
+    _threads(args.threads)
     return run_analyze(args)
 
 

@@ -18,14 +18,21 @@ import torch
 
 from offline.datasets.prepared import PreparedDataset
 from offline.errors import SeqrecError
-from offline.ranking import user_encoder
+from offline.ranking import META_COLUMNS, user_encoder
 from offline.split import LeaveOneOut
 from ranker.artifact import load_ranker, unit_item_vectors
 from ranker.mining import mine
 from ranker.train import FeatureSource, features, make_groups
 from retriever.artifact import RetrieverArtifact
 
-META = ("genres", "attributes")
+
+def item_metadata(data: PreparedDataset) -> tuple[str | None, list[list[str]]]:
+    """The catalogue's metadata column (genres, else attributes; None without one) and each real item's values."""
+    column = next((c for c in META_COLUMNS if c in data.items.column_names), None)
+    if column is None:
+        return None, [[] for _ in range(data.n_items)]
+    values = data.items.column(column).to_pylist()
+    return column, [[str(v) for v in (x if isinstance(x, list) else [x]) if v is not None] for x in values]
 
 
 def item_descriptions(data: PreparedDataset) -> list[dict[str, Any]]:
@@ -33,17 +40,14 @@ def item_descriptions(data: PreparedDataset) -> list[dict[str, Any]]:
     columns = data.items.column_names
     titles = data.items.column("title").to_pylist() if "title" in columns else None
     years = data.items.column("year").to_pylist() if "year" in columns else None
-    meta_column = next((c for c in META if c in columns), None)
-    metas = data.items.column(meta_column).to_pylist() if meta_column else None
+    meta_column, metas = item_metadata(data)
     out: list[dict[str, Any]] = [{"id": "", "title": "(padding)", "meta": ""}]
     for i, item_id in enumerate(data.item_ids[1:]):
         title = (titles[i] if titles and titles[i] else None) or f"item {item_id}"
         if years and years[i]:
             title = f"{title} ({years[i]})"
-        values = metas[i] if metas else None
-        meta = ", ".join(str(v) for v in (values if isinstance(values, list) else [values]) if v is not None) \
-            if values is not None else ""
-        out.append({"id": str(item_id), "title": title, "meta": f"{meta_column}: {meta}" if meta else ""})
+        out.append({"id": str(item_id), "title": title,
+                    "meta": f"{meta_column}: {', '.join(metas[i])}" if metas[i] else ""})
     return out
 
 

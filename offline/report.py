@@ -23,7 +23,7 @@ def _figure(n_panels: int, width: float = 5.0, height: float = 3.8, columns: int
     columns = min(columns, n_panels)
     rows = math.ceil(n_panels / columns)
     figure = Figure(figsize=(width * columns, height * rows), layout="constrained")
-    axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False).ravel()).tolist()
+    axes = figure.subplots(rows, columns, squeeze=False).ravel().tolist()
     for extra in axes[n_panels:]:
         extra.set_visible(False)
     return figure, axes[:n_panels]
