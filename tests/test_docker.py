@@ -600,7 +600,7 @@ def test_dockerignore_keeps_local_state_out_of_the_context():
                  "offline/__pycache__/cli.cpython-311.pyc", "service/app.pyc", ".pytest_cache/v/cache",
                  ".mypy_cache/3.11/x.json", ".ruff_cache/content", "seqrec.egg-info/PKG-INFO", "runs/beauty/last.pt"):
         assert dockerignored(path, patterns), path
-    for path in ("pyproject.toml", "README.md", "offline/cli.py", "configs/ml-1m/transformer.yaml"):
+    for path in ("pyproject.toml", "README.md", "offline/cli/__init__.py", "configs/ml-1m/transformer.yaml"):
         assert not dockerignored(path, patterns), path
 
 
@@ -726,8 +726,8 @@ NO_NGINX = "nginx is not installed (Debian: apt-get install nginx); the static c
 
 
 def load_bench() -> ModuleType:
-    """bench/replicas.py, which runs docker/nginx.conf on the host (not a package, so loaded by path)."""
-    spec = importlib.util.spec_from_file_location("bench_replicas", REPO / "bench" / "replicas.py")
+    """offline/bench/replicas.py, which runs docker/nginx.conf on the host (not a package, so loaded by path)."""
+    spec = importlib.util.spec_from_file_location("bench_replicas", REPO / "offline" / "bench" / "replicas.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("retriever", "ranker", "service", "offline", "bench")
+PACKAGES = ("retriever", "ranker", "service", "offline")
 
 
 def _sources() -> list[Path]:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
+from offline.analysis.report import render_html
 from offline.cli import main
-from offline.datasets.prepared import load_prepared
-from offline.report import render_html
+from offline.data.prepared import load_prepared
 from retriever.artifact import load_artifact
 
 TINY = ["--model.d_model", "16", "--model.n_layers", "1", "--model.max_len", "10", "--train.epochs", "3",

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import offline.training
-from offline.bench import TABLE_METRICS, csv_text, markdown_table, mean_std, summarize
-from offline.bench_latency import fit_alpha
+import offline.jobs.train
+from offline.bench.latency import fit_alpha
+from offline.bench.measure import forward_flops
+from offline.bench.models import TABLE_METRICS, csv_text, markdown_table, mean_std, summarize
 from offline.cli import main
-from offline.measure import forward_flops
 from retriever.backbones import backbone_config, build_encoder
 
 TINY = "model: {{backbone: {backbone}, max_len: 10, d_model: 8, n_layers: 1, n_heads: {heads}{extra}}}\n" \
@@ -150,13 +150,13 @@ def test_rerun_skips_finished_runs_and_resumes_unfinished_ones(setup: tuple[Path
     unfinished = out / "runs" / "transformer" / "seed2"
     (unfinished / "manifest.json").unlink()  # killed after training, before the artifact was written
     calls: list[tuple[str, bool]] = []
-    train = offline.training.train_retriever
+    train = offline.jobs.train.train_retriever
 
     def counting(config: Any, data: Any, run_dir: Path, *, resume: bool = False, **kwargs: Any) -> Any:
         calls.append((str(run_dir.relative_to(out)), resume))
         return train(config, data, run_dir, resume=resume, **kwargs)
 
-    monkeypatch.setattr(offline.training, "train_retriever", counting)
+    monkeypatch.setattr(offline.jobs.train, "train_retriever", counting)
     assert _bench(setup, out) == 0
     # Only the unfinished run (resumed from its checkpoint) and the failing model, which is retried, train again.
     assert calls == [("runs/transformer/seed2", True), ("runs/broken/seed1", False), ("runs/broken/seed2", False)]
@@ -295,7 +295,7 @@ def test_merge_refuses_other_data_and_a_run_twice(bench: Path, tmp_path: Path,
 
 
 def test_a_finished_run_from_before_a_config_key_was_added_is_still_the_same_config() -> None:
-    from offline.bench import same_config
+    from offline.bench.models import same_config
     from retriever.config import config_from_dict
 
     resolved = config_from_dict({"model": {"backbone": "sasrec", "max_len": 10}}).model_dump(mode="json")

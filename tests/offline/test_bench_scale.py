@@ -10,7 +10,7 @@ from typing import Any
 import matplotlib.image
 import pytest
 
-from offline.bench_scale import TABLE_COPIES, parse_sizes, slopes
+from offline.bench.scale import TABLE_COPIES, parse_sizes, slopes
 from offline.cli import main
 from offline.errors import SeqrecError
 

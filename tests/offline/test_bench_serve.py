@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from offline.bench_serve import (
+from offline.bench.serve import (
     NOOP_APP,
     LoadResult,
     Outcome,
@@ -30,9 +30,9 @@ from offline.bench_serve import (
     start_server,
     summarise,
 )
-from offline.datasets.prepared import PreparedDataset
+from offline.data.prepared import PreparedDataset
+from offline.data.sequences import Sequences
 from offline.errors import SeqrecError
-from offline.sequences import Sequences
 
 ROOT = Path(__file__).resolve().parents[2]
 # the test apps below live in this module: the server process must be able to import it

@@ -5,7 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from offline.breakdown import (
+from offline.data.sequences import Sequences
+from offline.data.split import leave_one_out
+from offline.evaluation.breakdown import (
     assign_buckets,
     breakdown,
     bucket_names,
@@ -13,8 +15,6 @@ from offline.breakdown import (
     head_items,
     length_edges,
 )
-from offline.sequences import Sequences
-from offline.split import leave_one_out
 
 
 def test_head_is_the_fewest_most_popular_items_reaching_the_share() -> None:

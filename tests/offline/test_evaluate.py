@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from offline.evaluate import chunked_target_ranks, target_ranks
-from offline.sequences import Sequences
+from offline.data.sequences import Sequences
+from offline.evaluation.evaluate import chunked_target_ranks, target_ranks
 
 
 def _case(seed: int, n_users: int = 60, n_items: int = 97, dim: int = 6) -> tuple[Sequences, np.ndarray, torch.Tensor,
@@ -75,8 +75,8 @@ def test_take_keeps_the_chosen_users_sequences_and_timestamps() -> None:
 
 
 def test_evaluation_sample_is_fixed_per_seed_and_a_subset_of_the_users() -> None:
-    from offline.split import leave_one_out
-    from offline.training import evaluation_sample
+    from offline.data.split import leave_one_out
+    from offline.jobs.train import evaluation_sample
 
     rng = np.random.default_rng(0)
     rows = [rng.integers(1, 50, rng.integers(3, 9)).tolist() for _ in range(100)]

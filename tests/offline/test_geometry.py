@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from offline.geometry import (
+from offline.analysis.geometry import (
     anisotropy,
     geometry,
     gini,

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from offline.metrics import full_ranking_metrics, metrics_from_ranks, pessimistic_ranks
+from offline.evaluation.metrics import full_ranking_metrics, metrics_from_ranks, pessimistic_ranks
 
 
 def loop_rank(scores: list[float], target: int, exclude: set[int]) -> int:

@@ -11,7 +11,7 @@ import yaml
 
 from offline import ranking
 from offline.cli import main
-from offline.pipeline import STAGES, load_pipeline_config
+from offline.jobs.pipeline import STAGES, load_pipeline_config
 
 TINY_RETRIEVER = {
     "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10},

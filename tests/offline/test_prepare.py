@@ -5,10 +5,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from offline.datasets.prepared import load_prepared
-from offline.datasets.tabular import read_tabular
+from offline.data.prepare import Filters, prepare
+from offline.data.prepared import load_prepared
+from offline.data.readers.tabular import read_tabular
 from offline.errors import DataError, SeqrecError
-from offline.prepare import Filters, prepare
 
 # Rows out of time order, with ties inside users u1 and u2. On a tie the file order
 # must win: u1's items at t=10 come as c, a (never sorted by id to a, c).

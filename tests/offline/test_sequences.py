@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from offline.sequences import Sequences
-from offline.split import leave_one_out
+from offline.data.sequences import Sequences
+from offline.data.split import leave_one_out
 
 
 def test_padded_left_and_right_and_truncated():

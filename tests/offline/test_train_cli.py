@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from offline.cli import main
-from offline.datasets.prepared import load_prepared
+from offline.data.prepared import load_prepared
 
 TINY = [
     "--model.d_model", "16", "--model.n_layers", "1", "--model.n_heads", "2", "--model.max_len", "10",
@@ -126,8 +126,8 @@ def test_evaluate_refuses_an_artifact_from_another_catalogue(artifact: Path, tmp
 
 
 def test_item_features_from_a_metadata_column(prepared: Path, tmp_path: Path) -> None:
-    from offline.datasets.prepared import load_prepared
-    from offline.training import item_feature_matrix
+    from offline.data.prepared import load_prepared
+    from offline.jobs.train import item_feature_matrix
     from retriever.artifact import load_artifact
 
     data = load_prepared(prepared)
@@ -150,7 +150,7 @@ def test_item_features_from_a_metadata_column(prepared: Path, tmp_path: Path) ->
 
 def test_eval_users_validates_and_reports_on_a_fixed_user_sample(prepared: Path, artifact: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture) -> None:
-    from offline.training import dense_metrics, evaluation_sample
+    from offline.jobs.train import dense_metrics, evaluation_sample
     from retriever.artifact import load_artifact
 
     out = tmp_path / "sampled"

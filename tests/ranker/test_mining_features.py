@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from offline.sequences import Sequences
-from offline.split import leave_one_out
+from offline.data.sequences import Sequences
+from offline.data.split import leave_one_out
 from ranker.features import COLUMN, DENSE_FEATURES, ID_DERIVED, ItemTables, compute_features
 from ranker.mining import mine, padded_slices, training_groups
 from ranker.train import FeatureSource, features, make_groups

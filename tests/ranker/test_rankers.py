@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from offline.cli import main
-from offline.datasets.prepared import load_prepared
-from offline.ranking import item_tables, mine_splits, split_sources, user_encoder
+from offline.data.prepared import load_prepared
+from offline.jobs.rank import item_tables, mine_splits, split_sources, user_encoder
 from ranker.artifact import RankerError, load_ranker, unit_item_vectors, write_ranker
 from ranker.features import COLUMN
 from ranker.mlp import MLPRanker
@@ -181,7 +181,7 @@ def test_cli_errors_are_one_line(bundle: Path, prepared: Path, tmp_path: Path, c
 
 
 def test_holdout_retriever_never_trains_on_the_ranker_training_targets(prepared: Path) -> None:
-    from offline.ranking import holdout_data
+    from offline.jobs.rank import holdout_data
     from ranker.mining import training_groups
 
     data = load_prepared(prepared)

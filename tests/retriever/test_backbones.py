@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from offline.evaluate import evaluate_splits
-from offline.sequences import Sequences
-from offline.split import leave_one_out
+from offline.data.sequences import Sequences
+from offline.data.split import leave_one_out
+from offline.evaluation.evaluate import evaluate_splits
 from retriever.artifact import load_artifact, write_artifact
 from retriever.backbones import BACKBONES, backbone_config, build_encoder
 from retriever.config import config_from_dict

@@ -1,9 +1,9 @@
 import numpy as np
 import torch
 
-from offline.evaluate import evaluate_splits, target_ranks
-from offline.sequences import Sequences
-from offline.split import leave_one_out
+from offline.data.sequences import Sequences
+from offline.data.split import leave_one_out
+from offline.evaluation.evaluate import evaluate_splits, target_ranks
 from retriever.popularity import Popularity
 
 

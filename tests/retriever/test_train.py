@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from offline.evaluate import evaluate_splits
-from offline.sequences import Sequences
-from offline.split import leave_one_out
+from offline.data.sequences import Sequences
+from offline.data.split import leave_one_out
+from offline.evaluation.evaluate import evaluate_splits
 from retriever.config import ConfigError, config_from_dict
 from retriever.model import Retriever
 from retriever.train import batches, fit, lr_at, make_windows

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from offline.bench_faults import break_bundle
+from offline.bench.faults import break_bundle
 from offline.cli import main as seqrec
 
 SHARED_REDIS = "redis://127.0.0.1:6379/15"

@@ -1,6 +1,7 @@
-"""Faults under open-loop load against a real uvicorn process: short runs of `offline.bench_faults` and
-`offline.bench_soak`, the code that bench/redis_faults.py, bench/bad_push.py and bench/soak.py run at full
-length. Redis is a redis-server of the test's own, killed with SIGKILL and restarted."""
+"""Faults under open-loop load against a real uvicorn process: short runs of `offline.bench.faults` and
+`offline.bench.soak_load`, the code that `offline.bench.redis_faults`, `offline.bench.bad_push` and
+`offline.bench.soak` run at full length. Redis is a redis-server of the test's own, killed with SIGKILL and
+restarted."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from offline.bench_faults import BREAKS, RedisProcess, bad_push, broken_copy, redis_faults
-from offline.bench_serve import load_catalogue
-from offline.bench_soak import soak
+from offline.bench.faults import BREAKS, RedisProcess, bad_push, broken_copy, redis_faults
+from offline.bench.open_loop import Call, Marks, open_loop
+from offline.bench.serve import load_catalogue
+from offline.bench.soak_load import soak
 from offline.errors import SeqrecError
-from offline.open_loop import Call, Marks, open_loop
-from offline.pipeline import switch_current
+from offline.jobs.pipeline import switch_current
 from tests.service.support import Server, free_port, serving, train_bundle
 
 
@@ -141,7 +142,7 @@ def test_broken_copy_leaves_the_source_alone(bundle: Path, tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_soak_one_minute(bundle: Path, tmp_path: Path) -> None:
-    """bench/soak.py in small: one minute in two windows of 30 s (shorter ones hold too few requests for a
+    """offline/bench/soak.py in small: one minute in two windows of 30 s (shorter ones hold too few requests for a
     steady p99); the second window's p99 within 20 % of the first's, RSS within 10 %, no error."""
     with serving(tmp_path / "api", artifacts=str(bundle)) as api:
         assert api.proc is not None

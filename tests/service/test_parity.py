@@ -1,6 +1,6 @@
 """The service answers what the offline pipeline computes, and micro-batching changes no answer.
 
-Offline reference, as `offline.ranking.evaluate_bundle` scores the test split: `ranker.mining.mine` (index
+Offline reference, as `offline.jobs.rank.evaluate_bundle` scores the test split: `ranker.mining.mine` (index
 search, history excluded), `ranker.train.make_groups` + `features`, the bundle's ranker `score`; top k by
 score, ties in retrieval order. The service is checked twice against it: `service.pipeline.recommend_batch`
 in this process (all users in one batch) and `POST /recommend` over HTTP."""
@@ -17,8 +17,8 @@ import httpx
 import numpy as np
 import pytest
 
-from offline.datasets.prepared import load_prepared
-from offline.ranking import user_encoder
+from offline.data.prepared import load_prepared
+from offline.jobs.rank import user_encoder
 from ranker.artifact import load_ranker, unit_item_vectors
 from ranker.mining import mine
 from ranker.train import FeatureSource, features, make_groups

@@ -1,0 +1,1 @@
+"""Analysis: `seqrec analyze` (embedding geometry, where models win, readable predictions, curves)."""

@@ -1,0 +1,1 @@
+"""Benchmarks, each run through `seqrec bench ...` or `python -m offline.bench.<name>`."""

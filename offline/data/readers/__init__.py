@@ -1,0 +1,95 @@
+"""Dataset readers. Each returns a RawDataset; `seqrec prepare` turns it into the
+prepared folder that everything downstream reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from offline.data.readers.base import RawDataset, drop_duplicate_interactions
+from offline.errors import SeqrecError
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    """What a reader may need beyond a path; each reader uses its own fields."""
+
+    path: Path | None = None
+    user_col: str = "user_id"
+    item_col: str = "item_id"
+    time_col: str | None = "timestamp"
+    sep: str = ","
+    items_path: Path | None = None
+    synthetic: dict[str, Any] | None = None
+
+
+def _movielens(variant: str) -> Callable[[ReaderOptions], RawDataset]:
+    def read(options: ReaderOptions) -> RawDataset:
+        from offline.data.readers.movielens import read_movielens
+
+        return read_movielens(_required_path(options), variant)
+
+    return read
+
+
+def _s3rec(options: ReaderOptions) -> RawDataset:
+    from offline.data.readers.s3rec import read_s3rec
+
+    return read_s3rec(_required_path(options))
+
+
+def _recbole(options: ReaderOptions) -> RawDataset:
+    from offline.data.readers.recbole import read_recbole
+
+    return read_recbole(_required_path(options))
+
+
+def _tabular(options: ReaderOptions) -> RawDataset:
+    from offline.data.readers.tabular import read_tabular
+
+    return read_tabular(
+        _required_path(options), user_col=options.user_col, item_col=options.item_col,
+        time_col=options.time_col, sep=options.sep, items_path=options.items_path,
+    )
+
+
+def _synthetic(options: ReaderOptions) -> RawDataset:
+    from offline.data.readers.synthetic import SyntheticConfig, generate
+
+    try:
+        config = SyntheticConfig(**(options.synthetic or {}))
+    except ValueError as err:
+        raise SeqrecError(f"synthetic data: {err}") from None
+    return generate(config)
+
+
+def _required_path(options: ReaderOptions) -> Path:
+    if options.path is None:
+        raise SeqrecError("this dataset needs --path (or --download for MovieLens)")
+    return options.path
+
+
+READERS: dict[str, Callable[[ReaderOptions], RawDataset]] = {
+    "ml-100k": _movielens("ml-100k"),
+    "ml-1m": _movielens("ml-1m"),
+    "ml-10m": _movielens("ml-10m"),
+    "ml-20m": _movielens("ml-20m"),
+    "s3rec": _s3rec,
+    "recbole": _recbole,
+    "csv": _tabular,
+    "synthetic": _synthetic,
+}
+MOVIELENS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m")
+
+
+def read_dataset(name: str, options: ReaderOptions) -> RawDataset:
+    """Read ``name``; rows of a file that repeat an earlier row's user, item and timestamp are dropped and
+    counted in a warning (see `drop_duplicate_interactions`); generated data is taken as generated."""
+    try:
+        reader = READERS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(READERS)}") from None
+    raw = reader(options)
+    return drop_duplicate_interactions(raw) if raw.files else raw

@@ -1,0 +1,1 @@
+"""Evaluation: full-ranking metrics with pessimistic ties, `seqrec evaluate`, breakdowns by group."""

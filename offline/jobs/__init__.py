@@ -1,0 +1,1 @@
+"""Jobs that glue the stages together: retriever training, ranker training, the pipeline."""

@@ -1,0 +1,335 @@
+"""`seqrec pipeline`: prepare -> train -> export -> mine -> train ranker -> evaluate -> publish.
+
+    ARTIFACTS/work/<run>/      state.json (finished stages), data/, bundle/, bundle.mining/
+    ARTIFACTS/versions/<id>/   published bundles (retriever + ranker + catalogue + pipeline.json)
+    ARTIFACTS/current          symlink to the served version, switched atomically
+
+Every stage writes into the run's work folder; only `publish` touches ``versions/`` and
+``current``: it moves the finished bundle into ``versions/`` (one rename) and then renames a
+new symlink over ``current``, so a failing or killed stage never changes what is served.
+``--resume`` continues the newest unpublished run of the same config after its last finished
+stage (training itself resumes from its last checkpoint), or starts a new run when there is
+none, so a scheduled job can always pass it. The newest ``keep`` versions are kept; the one
+``current`` names never goes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tqdm import tqdm
+
+from offline.errors import SeqrecError
+from retriever.atomic import atomic_write
+
+log = logging.getLogger(__name__)
+
+STAGES = ("prepare", "train", "export", "mine", "train-ranker", "evaluate", "publish")
+WORK, VERSIONS, CURRENT, STATE = "work", "versions", "current", "state.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataSpec(_Strict):
+    dataset: str = Field(description="reader name, as `seqrec prepare --dataset`")
+    path: Path | None = Field(None, description="source files (relative to the config file)")
+    download: bool = Field(False, description="MovieLens: fetch from GroupLens, verify the MD5")
+    min_user_interactions: int = 3
+    k_core: int | None = None
+    min_rating: float | None = None
+    synthetic: dict[str, Any] = Field(default_factory=dict, description="n_users, n_items, mean_length, seed")
+    reader: dict[str, Any] = Field(default_factory=dict, description="csv options: user_col, item_col, ...")
+
+
+class RankerSpec(_Strict):
+    kind: Literal["auto", "mlp", "lgbm", "none"] = "auto"
+    mining: Literal["holdout", "direct"] = "holdout"
+    depth: int = Field(100, ge=10, le=2000)
+    per_user: int = Field(3, ge=1)
+
+
+class PipelineConfig(_Strict):
+    name: str = Field(description="names the published versions")
+    data: DataSpec
+    retriever: Path = Field(description="run config YAML of the retriever (relative to this file)")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="section.key: value for the retriever")
+    index: Literal["auto", "flat", "hnsw", "ivf"] = "auto"
+    ranker: RankerSpec = Field(default_factory=RankerSpec)
+    keep: int = Field(3, ge=1, description="published versions to keep")
+
+
+def load_pipeline_config(path: Path) -> PipelineConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise SeqrecError(f"{path}: no such pipeline config") from None
+    except yaml.YAMLError as err:
+        raise SeqrecError(f"{path}: not valid YAML: {err}") from None
+    try:
+        config = PipelineConfig.model_validate(raw or {})
+    except ValidationError as err:
+        raise SeqrecError(f"{path}: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                                  for e in err.errors())) from None
+    base = Path(path).resolve().parent
+    updates: dict[str, Any] = {"retriever": _relative(base, config.retriever)}
+    data = config.data
+    if data.path is not None:
+        updates["data"] = data.model_copy(update={"path": _relative(base, data.path)})
+    return config.model_copy(update=updates)
+
+
+def _relative(base: Path, path: Path) -> Path:
+    path = Path(os.path.expanduser(path))
+    if path.is_absolute():
+        return path
+    from_file = base / path
+    return from_file if from_file.exists() or not path.exists() else path.resolve()  # else: relative to the CWD
+
+
+class Run:
+    """One pipeline run's work folder and its record of finished stages."""
+
+    def __init__(self, folder: Path, state: dict[str, Any]) -> None:
+        self.folder, self.state = folder, state
+
+    @property
+    def data(self) -> Path:
+        return self.folder / "data"
+
+    @property
+    def bundle(self) -> Path:
+        return self.folder / "bundle"
+
+    @property
+    def mined(self) -> Path:
+        return self.folder / "bundle.mining"
+
+    def done(self, stage: str) -> bool:
+        return stage in self.state["stages"]
+
+    def finish(self, name: str, seconds: float, **info: Any) -> None:
+        self.state["stages"][name] = {"seconds": round(seconds, 1), **info}
+        self.save()
+
+    def save(self) -> None:
+        atomic_write(self.folder / STATE, lambda p: p.write_text(json.dumps(self.state, indent=2, default=str)))
+
+
+def new_run(artifacts: Path, config: PipelineConfig, config_path: Path) -> Run:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    folder = artifacts / WORK / f"{stamp}-{config.name}"
+    folder.mkdir(parents=True, exist_ok=False)
+    run = Run(folder, {"config_path": str(config_path), "config": config.model_dump(mode="json"),
+                       "started_at": stamp, "stages": {}})
+    run.save()
+    return run
+
+
+def resume_run(artifacts: Path, config: PipelineConfig) -> Run | None:
+    """The newest unpublished run of this config, if any."""
+    runs = sorted((artifacts / WORK).glob("*/" + STATE)) if (artifacts / WORK).is_dir() else []
+    for state_file in reversed(runs):
+        state = json.loads(state_file.read_text())
+        if state.get("config") == config.model_dump(mode="json") and "publish" not in state["stages"]:
+            return Run(state_file.parent, state)
+    return None
+
+
+def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, keep: int | None = None,
+                 threads: int | None = None) -> dict[str, Any]:
+    """Run every stage not yet finished; returns the summary (stage times, metrics, published version)."""
+    config = load_pipeline_config(config_path)
+    if keep is not None:
+        config = config.model_copy(update={"keep": keep})
+    artifacts.mkdir(parents=True, exist_ok=True)
+    run = resume_run(artifacts, config) if resume else None
+    if run is not None:
+        log.info("resuming %s after %s", run.folder, ", ".join(run.state["stages"]) or "nothing")
+    else:
+        if resume:
+            log.info("no unfinished run of %s under %s: starting a new one", config.name, artifacts)
+        run = new_run(artifacts, config, config_path)
+    stages: dict[str, Callable[[Run, PipelineConfig, int | None], dict[str, Any]]] = {
+        "prepare": _prepare, "train": _train, "export": _export, "mine": _mine, "train-ranker": _train_ranker,
+        "evaluate": _evaluate, "publish": lambda r, c, _: _publish(r, c, artifacts),
+    }
+    bar = tqdm(STAGES, desc="pipeline", unit="stage", disable=None)
+    for name in bar:
+        bar.set_postfix_str(name)
+        if run.done(name):
+            continue
+        if name in ("mine", "train-ranker") and config.ranker.kind == "none":
+            run.finish(name, 0.0, skipped=True)
+            continue
+        log.info("stage %d/%d: %s", STAGES.index(name) + 1, len(STAGES), name)
+        start = time.perf_counter()
+        info = stages[name](run, config, threads)
+        run.finish(name, time.perf_counter() - start, **info)
+    bar.close()
+    summary = _summary(run)
+    _prune(artifacts, config.keep)
+    shutil.rmtree(run.folder, ignore_errors=True)  # everything needed is in the published bundle
+    return summary
+
+
+def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
+    from offline.data.prepare import Filters, prepare_dataset
+    from offline.data.readers import ReaderOptions
+
+    d = config.data
+    options = ReaderOptions(path=d.path, synthetic=d.synthetic or None, **d.reader)
+    manifest = prepare_dataset(d.dataset, run.data, options, Filters(d.min_user_interactions, d.k_core, d.min_rating),
+                               download=d.download, overwrite=True)
+    return {"users": manifest["users"], "items": manifest["items"], "interactions": manifest["interactions"]}
+
+
+def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
+    from offline.data.prepared import load_prepared
+    from offline.jobs.train import train_retriever
+    from retriever.config import load_config
+
+    overrides = [f"{k}={v}" for k, v in config.overrides.items()]
+    if threads is not None:
+        overrides.append(f"train.threads={threads}")
+    retriever_config = load_config(config.retriever, overrides)
+    resume = (run.bundle / "run" / "last.pt").exists()
+    if (run.bundle / "manifest.json").exists():  # killed after the artifact was written: nothing left to do
+        manifest = json.loads((run.bundle / "manifest.json").read_text())
+    else:
+        manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, resume=resume)
+    return {"version": manifest["version"], "resumed": resume, "valid_ndcg@10": manifest["metrics"]["valid"]["NDCG@10"],
+            "test_ndcg@10": manifest["metrics"]["test"]["NDCG@10"]}
+
+
+def _export(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
+    from retriever.artifact import rewrite_index
+    from retriever.index import IndexSpec, spec_for_catalogue
+
+    manifest = json.loads((run.bundle / "manifest.json").read_text())
+    spec = spec_for_catalogue(int(manifest["n_items"])) if config.index == "auto" else IndexSpec(kind=config.index)
+    if manifest.get("index", {}).get("kind") != spec.kind:
+        manifest = rewrite_index(run.bundle, spec)
+    return {"index": manifest["index"]["kind"], "items": manifest["n_items"]}
+
+
+def _mine(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
+    from offline.data.prepared import load_prepared
+    from offline.jobs.rank import mine_to
+    from retriever.artifact import load_artifact
+
+    shutil.rmtree(run.mined, ignore_errors=True)  # a killed mine leaves a partial folder
+    artifact = load_artifact(run.bundle)
+    _, info, _ = mine_to(run.mined, artifact, load_prepared(run.data), depth=config.ranker.depth,
+                         per_user=config.ranker.per_user, holdout=config.ranker.mining == "holdout")
+    return {"recall": info.get(f"recall@{config.ranker.depth}")}
+
+
+def _train_ranker(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
+    from offline.data.prepared import load_prepared
+    from offline.jobs.rank import train_ranker
+
+    manifest = train_ranker(run.bundle, load_prepared(run.data), kind=config.ranker.kind, depth=config.ranker.depth,
+                            per_user=config.ranker.per_user, mined_dir=run.mined,
+                            holdout=config.ranker.mining == "holdout")
+    return {"kind": manifest["kind"], "selection": manifest["selection"]}
+
+
+def _evaluate(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
+    from offline.data.prepared import load_prepared
+    from offline.jobs.rank import evaluate_bundle
+
+    result = evaluate_bundle(run.bundle, load_prepared(run.data))
+    keep = {"system": result["stage"], "depth": result["depth"]}
+    for split in ("valid", "test"):
+        keep[split] = result[split]
+        if "retriever" in result:
+            keep[f"retriever_{split}"] = result["retriever"][split]
+    return keep
+
+
+def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any]:
+    """Move the bundle into versions/ (one rename), then rename a new symlink over `current`."""
+    version = run.state["stages"]["train"]["version"]
+    versions = artifacts / VERSIONS
+    versions.mkdir(parents=True, exist_ok=True)
+    target = versions / version
+    if not target.exists():  # else a killed publish already moved it: only the switch is left
+        shutil.rmtree(run.bundle / "run", ignore_errors=True)  # checkpoints; the curve is in history.jsonl
+        record = {"config": run.state["config"], "stages": run.state["stages"],
+                  "published_at": datetime.now(UTC).isoformat(timespec="seconds")}
+        atomic_write(run.bundle / "pipeline.json", lambda p: p.write_text(json.dumps(record, indent=2, default=str)))
+        os.replace(run.bundle, target)
+    _fault_point("publish-before-switch")
+    switch_current(artifacts, target)
+    return {"version": version, "path": str(target)}
+
+
+def _fault_point(name: str) -> None:
+    """Fault injection for the reliability tests: SEQREC_FAULT_INJECT=<name> kills this process
+    here with SIGKILL (as `kill -9` would), between two steps that must survive it."""
+    if os.environ.get("SEQREC_FAULT_INJECT") == name:
+        log.warning("fault injection: SIGKILL at %s", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def switch_current(artifacts: Path, target: Path) -> None:
+    """Point ARTIFACTS/current at ``target``: a temporary symlink renamed over the old one (atomic)."""
+    link = artifacts / CURRENT
+    tmp = artifacts / f".{CURRENT}.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(os.path.relpath(target, artifacts))
+    os.replace(tmp, link)
+
+
+def _prune(artifacts: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` versions; never the one `current` names."""
+    folder = artifacts / VERSIONS
+    current = (artifacts / CURRENT).resolve() if (artifacts / CURRENT).exists() else None
+    versions = sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = []
+    for old in versions[keep:]:
+        if current is not None and old.resolve() == current:
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+        removed.append(old)
+    return removed
+
+
+def _summary(run: Run) -> dict[str, Any]:
+    stages = run.state["stages"]
+    return {"version": stages["publish"]["version"], "path": stages["publish"]["path"],
+            "seconds": {name: stages[name]["seconds"] for name in STAGES if name in stages},
+            "evaluation": stages.get("evaluate", {})}
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """Stage times, then validation/test metrics of the retriever and the two-stage system."""
+    lines = ["| stage | seconds |", "|---|---|"]
+    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in summary["seconds"].items()]
+    lines.append(f"| total | {sum(summary['seconds'].values()):.1f} |")
+    ev = summary["evaluation"]
+    lines += ["", "| system | split | HR@10 | NDCG@10 | MRR@10 |", "|---|---|---|---|---|"]
+    rows = [("retriever", s, ev.get(f"retriever_{s}")) for s in ("valid", "test")]
+    rows += [("two-stage" if ev.get("system") == "two-stage" else "retriever", s, ev.get(s)) for s in ("valid", "test")]
+    seen = set()
+    for system, split, metrics in rows:
+        if metrics is None or (system, split) in seen:
+            continue
+        seen.add((system, split))
+        lines.append(f"| {system} | {split} | {metrics['HR@10']:.4f} | {metrics['NDCG@10']:.4f} | "
+                     f"{metrics['MRR@10']:.4f} |")
+    lines += ["", f"published {summary['version']} -> {summary['path']}"]
+    return "\n".join(lines)

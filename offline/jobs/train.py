@@ -1,0 +1,176 @@
+"""`seqrec train`: prepared data -> fitted retriever -> evaluated, self-describing artifact.
+
+Only training positions reach the loss; the validation target drives early stopping
+and model selection; the test target is scored once, at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from offline.data.prepared import PreparedDataset
+from offline.data.split import LeaveOneOut, Split
+from offline.errors import DataError, SeqrecError
+from offline.evaluation.evaluate import EVAL_KS, evaluate_vectors, index_target_ranks, summarize
+from retriever.artifact import RetrieverArtifact, load_artifact, write_artifact
+from retriever.config import RunConfig, config_from_dict
+from retriever.distributed import Distributed, broadcast_bytes, process_group
+from retriever.index import IndexSpec
+from retriever.model import Retriever
+from retriever.train import fit, resolve_device
+
+log = logging.getLogger(__name__)
+
+
+def dataset_fingerprint(data: PreparedDataset) -> dict[str, Any]:
+    return {
+        "path": str(data.path),
+        "source": data.manifest.get("source"),
+        "sha256": data.manifest.get("sha256", {}),
+        "users": data.n_users,
+        "items": data.n_items,
+    }
+
+
+def item_feature_matrix(data: PreparedDataset, column: str) -> tuple[np.ndarray, int]:
+    """(n_items + 1, F) int64 ids of each item's values in ``column`` (a list or scalar column), 0 = none.
+
+    Values are catalogue metadata (brand, category, genre), not interactions, so using every
+    item's is no leak. Returns the matrix and the number of distinct values.
+    """
+    if column not in data.items.column_names:
+        raise DataError(data.path / "items.parquet", f"no column {column!r} for model.item_features; "
+                        f"columns: {', '.join(data.items.column_names)}")
+    values = data.items.column(column).to_pylist()
+    rows = [[str(v) for v in (x if isinstance(x, list) else [x]) if v is not None] for x in values]
+    vocab = {v: i + 1 for i, v in enumerate(sorted({v for r in rows for v in r}))}
+    width = max((len(r) for r in rows), default=0)
+    matrix = np.zeros((data.n_items + 1, max(1, width)), dtype=np.int64)
+    for i, r in enumerate(rows, start=1):
+        matrix[i, : len(r)] = [vocab[v] for v in r]
+    return matrix, len(vocab)
+
+
+def dense_metrics(model: Retriever, split: LeaveOneOut, n_items: int, max_len: int,
+                  splits: tuple[Split, ...] = ("valid", "test"), batch_size: int | None = None,
+                  ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+    """Full-ranking metrics of a retriever, streamed over users and item blocks (any catalogue size)."""
+    model.eval()
+    with torch.inference_mode():
+        items = model.item_vectors()  # (n_items + 1, D), on the model's device
+    return evaluate_vectors(model.user_vectors, items, split, scale=model.temperature, splits=splits, ks=ks,
+                            batch_size=batch_size, max_len=max_len)
+
+
+def evaluation_sample(split: LeaveOneOut, users: int | None, seed: int) -> LeaveOneOut:
+    """``split`` itself, or a fixed random sample of ``users`` of its users (``train.eval_users``)."""
+    if users is None or users >= len(split.full):
+        return split
+    rows = np.sort(np.random.default_rng(seed).choice(len(split.full), size=users, replace=False))
+    return split.take(rows)
+
+
+def index_metrics(artifact: RetrieverArtifact, split: LeaveOneOut, splits: tuple[Split, ...] = ("valid", "test"),
+                  ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+    model = artifact.model
+    out: dict[str, Any] = {}
+    for name in splits:
+        ranks = index_target_ranks(
+            model.user_vectors, artifact.index, split.inputs(name), split.targets(name), artifact.n_items,
+            depth=max(ks), max_len=artifact.max_len, desc=f"{name} (index)",
+        )
+        out[name] = summarize(ranks, ks)
+    return out
+
+
+def train_retriever(
+    config: RunConfig, data: PreparedDataset, out: Path, *, resume: bool = False, index_spec: IndexSpec | None = None,
+    dist: Distributed | None = None,
+) -> dict[str, Any]:
+    """Fit, evaluate on valid and test, write the artifact to ``out``; returns its manifest.
+
+    dist: this process's place in a torchrun job. All ranks train; rank 0 alone evaluates and
+    writes the artifact, then hands every rank its manifest.
+    """
+    if dist is None:
+        manifest = _train_retriever(config, data, out, resume, index_spec, None)
+        assert manifest is not None
+        return manifest
+    with process_group(dist, resolve_device(config, dist.local_rank)):
+        manifest = _train_retriever(config, data, out, resume, index_spec, dist)
+        text = broadcast_bytes(json.dumps(manifest).encode() if dist.is_main else None)
+    assert text is not None
+    return manifest if manifest is not None else json.loads(text)
+
+
+def _train_retriever(
+    config: RunConfig, data: PreparedDataset, out: Path, resume: bool, index_spec: IndexSpec | None,
+    dist: Distributed | None,
+) -> dict[str, Any] | None:
+    """The manifest of the artifact written to ``out``; None on ranks other than 0, which write nothing."""
+    features = None
+    if config.model.item_features:
+        features, n_features = item_feature_matrix(data, config.model.item_features)
+        raw = config.model_dump(mode="json")
+        raw["model"].update(n_features=n_features, features_per_item=features.shape[1])
+        config = config_from_dict(raw, source="config with item features")
+    split = data.split()
+    max_len = config.max_len(data.n_items)
+    eval_batch = config.train.eval_batch_size
+    # Model selection and the reported metrics use the same users: all of them, or a fixed sample.
+    evaluated = evaluation_sample(split, config.train.eval_users, config.train.seed)
+
+    def validate(model: Retriever) -> dict[str, float]:
+        return dense_metrics(model, evaluated, data.n_items, max_len, ("valid",), eval_batch)["valid"]
+
+    result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume,
+                 item_features=None if features is None else torch.from_numpy(features), dist=dist)
+    if dist is not None and not dist.is_main:
+        return None
+    metrics = dense_metrics(result.model, evaluated, data.n_items, max_len, batch_size=eval_batch)
+    training = {
+        "evaluated_users": len(evaluated.full),
+        "best_epoch": result.best_epoch,
+        "epochs_run": len(result.history),
+        "seconds": round(result.seconds, 1),
+        "seconds_to_best": round(result.seconds_to_best, 1),
+        "sequences_per_second": result.sequences_per_second,
+    }
+    manifest = write_artifact(
+        out, result.model.cpu(), config, np.asarray(data.item_ids[1:], dtype=str), metrics=metrics,
+        dataset=dataset_fingerprint(data), index_spec=index_spec, history=result.history,
+        extra={"training": training}, catalogue=data.path / "items.parquet",
+        popularity=np.bincount(split.train.items, minlength=data.n_items + 1)[: data.n_items + 1],
+    )
+    log.info("best epoch %d: valid NDCG@10 %.4f, test NDCG@10 %.4f", result.best_epoch,
+             metrics["valid"]["NDCG@10"], metrics["test"]["NDCG@10"])
+    return manifest
+
+
+def check_catalogue(artifact: RetrieverArtifact, data: PreparedDataset) -> None:
+    """The artifact's internal ids must mean the same items as the data's."""
+    if artifact.n_items != data.n_items or not np.array_equal(artifact.item_ids, data.item_ids[1:].astype(str)):
+        raise SeqrecError(
+            f"{artifact.path} was trained on a different item catalogue ({artifact.n_items} items) than "
+            f"{data.path} ({data.n_items} items)"
+        )
+
+
+def evaluate_artifact(path: Path, data: PreparedDataset, *, ks: tuple[int, ...] = EVAL_KS,
+                      use_index: bool = True, batch_size: int | None = None) -> dict[str, Any]:
+    artifact = load_artifact(path, with_index=use_index)
+    check_catalogue(artifact, data)
+    split = data.split()
+    model = artifact.model
+
+    dense = dense_metrics(model, split, data.n_items, artifact.max_len, batch_size=batch_size, ks=ks)
+    result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest["version"], **dense}
+    if use_index:
+        result["index"] = {"spec": artifact.manifest.get("index"), **index_metrics(artifact, split, ks=ks)}
+    return result

@@ -1,0 +1,46 @@
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from offline.data.readers.tabular import read_tabular
+from offline.errors import DataError
+
+
+def test_csv_with_named_columns(write):
+    path = write("log.csv", "uid,iid,when,rating\n7,a,100,5\n7,b,90,3\n")
+    raw = read_tabular(path, user_col="uid", item_col="iid", time_col="when")
+    assert raw.interactions.to_pydict() == {"user_id": ["7", "7"], "item_id": ["a", "b"], "timestamp": [100, 90]}
+
+
+def test_tsv_iso_dates_and_no_clock(write):
+    path = write("log.tsv", "u\ti\tt\n1\tx\t2024-01-02 00:00:00\n1\ty\t2024-01-01T12:00:00\n")
+    raw = read_tabular(path, user_col="u", item_col="i", time_col="t", sep="\t")
+    assert raw.interactions.column("timestamp").to_pylist() == [1704153600, 1704110400]
+    raw = read_tabular(path, user_col="u", item_col="i", time_col=None, sep="\t")
+    assert raw.interactions.column("timestamp").to_pylist() == [0, 1]
+    assert not raw.has_timestamps
+
+
+def test_fractional_times_stay_float(write):
+    raw = read_tabular(write("log.csv", "user_id,item_id,timestamp\n1,a,1.5\n1,b,1.25\n"))
+    assert raw.interactions.column("timestamp").to_pylist() == [1.5, 1.25]
+
+
+def test_parquet(tmp_path):
+    path = tmp_path / "log.parquet"
+    pq.write_table(pa.table({"user": [1, 1], "item": [10, 11], "ts": [5, 6], "extra": ["p", "q"]}), path)
+    raw = read_tabular(path, user_col="user", item_col="item", time_col="ts")
+    assert raw.interactions.to_pydict() == {"user_id": ["1", "1"], "item_id": ["10", "11"], "timestamp": [5, 6]}
+    with pytest.raises(DataError, match=r"no column 'uid' \(columns: user, item, ts, extra\)"):
+        read_tabular(path, user_col="uid", item_col="item", time_col="ts")
+
+
+def test_bad_time_value_is_named(write):
+    path = write("log.csv", "user_id,item_id,timestamp\n1,a,5\n1,b,yesterday\n")
+    with pytest.raises(DataError, match="'yesterday' is neither a number nor an ISO date"):
+        read_tabular(path)
+
+
+def test_unknown_column(write):
+    with pytest.raises(DataError, match="no column 'user_id'"):
+        read_tabular(write("log.csv", "a,b,c\n1,2,3\n"))
