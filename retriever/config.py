@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from retriever.backbones import BACKBONES, backbone_config, build_encoder
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, validation_message
 from retriever.losses import LossName
 from retriever.model import Retriever, Similarity
 
@@ -123,8 +123,7 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
     try:
         config = RunConfig.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
-        raise ConfigError(f"{source}: {problems}") from None
+        raise ConfigError(f"{source}: {validation_message(err)}") from None
     if config.model.backbone not in BACKBONES:
         raise ConfigError(f"{source}: unknown backbone {config.model.backbone!r}; "
                           f"choose one of {', '.join(sorted(BACKBONES))}")

@@ -1,7 +1,25 @@
-"""Errors a user can fix (bad config, unusable artifact); the CLI prints them without a traceback."""
+"""The one error root. Every problem a user can fix (bad input, a missing file, a wrong flag, an
+unusable artifact) raises a `SeqrecError`; the CLI prints it as one line and the service turns it into
+a 4xx. It lives in `retriever`, the package every other one may import."""
 
 from __future__ import annotations
 
+from pydantic import ValidationError
 
-class RetrieverError(ValueError):
-    pass
+
+class SeqrecError(Exception):
+    """A problem the user can fix: bad input, a missing file, a wrong flag."""
+
+
+class RetrieverError(SeqrecError, ValueError):
+    """A retriever config or model that cannot be used (also a ValueError, as it always was)."""
+
+
+def validation_message(err: ValidationError, *, prefix: str = "", upper: bool = False) -> str:
+    """One line for a pydantic error: ``loc.path: msg; other.loc: msg`` (``prefix`` before each location,
+    locations upper-cased with ``upper``, as environment variable names are)."""
+    problems = []
+    for error in err.errors():
+        where = ".".join(str(part) for part in error["loc"])
+        problems.append(f"{prefix}{where.upper() if upper else where}: {error['msg']}")
+    return "; ".join(problems)

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from offline.data.prepared import PreparedDataset
-from offline.errors import SeqrecError
 from offline.evaluation.breakdown import breakdown, model_ranks, training_counts
 from retriever.artifact import RetrieverArtifact, load_artifact
 from retriever.atomic import replace_dir
+from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 

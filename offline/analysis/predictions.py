@@ -18,12 +18,12 @@ import torch
 
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
-from offline.errors import SeqrecError
 from offline.jobs.rank import META_COLUMNS, user_encoder
 from ranker.artifact import load_ranker, unit_item_vectors
 from ranker.mining import mine
 from ranker.train import FeatureSource, features, make_groups
 from retriever.artifact import RetrieverArtifact
+from retriever.errors import SeqrecError
 
 
 def item_metadata(data: PreparedDataset) -> tuple[str | None, list[list[str]]]:

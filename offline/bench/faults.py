@@ -31,7 +31,7 @@ import numpy as np
 
 from offline.bench.open_loop import Answer, Call, Marks, get_json, open_loop, post_json, summary
 from offline.bench.serve import payloads_from_catalogue
-from offline.errors import SeqrecError
+from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     import aiohttp

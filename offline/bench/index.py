@@ -40,8 +40,8 @@ import numpy as np
 from tqdm import tqdm
 
 from offline.bench.models import parse_ints
-from offline.errors import SeqrecError
 from retriever.atomic import atomic_write
+from retriever.errors import SeqrecError
 from retriever.index import IndexSpec, build_index, normalize, set_search_params
 
 log = logging.getLogger(__name__)

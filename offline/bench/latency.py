@@ -24,9 +24,9 @@ import torch
 
 from offline.bench.measure import count_parameters, timed
 from offline.bench.models import ModelSpec, parse_ints, resolve_models, shorthand_overrides
-from offline.errors import SeqrecError
 from retriever.atomic import atomic_write
 from retriever.config import load_config
+from retriever.errors import SeqrecError
 from retriever.train import resolve_device
 
 log = logging.getLogger(__name__)

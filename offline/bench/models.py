@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from offline.errors import SeqrecError
 from retriever.atomic import atomic_write
+from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:  # torch and the training stack load when a bench runs, not for `seqrec --help`
     from offline.data.prepared import PreparedDataset

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from offline.errors import SeqrecError
+from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     import aiohttp

@@ -39,8 +39,8 @@ import numpy as np
 from offline.bench.latency import fit_alpha
 from offline.bench.serve import payloads_from_catalogue, run_load, start_server_process
 from offline.bench.soak_load import rss_bytes
-from offline.errors import SeqrecError
 from retriever.atomic import atomic_write
+from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     from offline.data.split import LeaveOneOut

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, Field
 
-from offline.errors import SeqrecError
+from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

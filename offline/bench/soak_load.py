@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from offline.bench.faults import history_calls
 from offline.bench.open_loop import Marks, open_loop, summary
-from offline.errors import SeqrecError
+from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     import aiohttp

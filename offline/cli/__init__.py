@@ -15,8 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from offline.errors import SeqrecError
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, SeqrecError, validation_message
 
 log = logging.getLogger("seqrec")
 
@@ -369,8 +368,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**given)  # options override SEQREC_* variables
     except ValidationError as err:
-        raise SeqrecError("invalid settings: " + "; ".join(
-            f"SEQREC_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in err.errors())) from None
+        raise SeqrecError("invalid settings: " + validation_message(err, prefix="SEQREC_", upper=True)) from None
     try:
         path = resolve_bundle(settings.artifacts)
         bundle = load_bundle(path) if settings.workers == 1 else None  # refuse a bad bundle before binding

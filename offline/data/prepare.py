@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 from offline.data.prepared import FORMAT, ITEMS, MANIFEST, SEQUENCES, USERS, sha256_file
 from offline.data.readers.base import RawDataset, natural_key
 from offline.data.split import MIN_LENGTH
-from offline.errors import SeqrecError
 from retriever.atomic import replace_dir
+from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from offline.data.errors import DataError
 from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut, leave_one_out
-from offline.errors import DataError
 
 FORMAT = "seqrec.prepared/1"
 MANIFEST = "manifest.json"

@@ -30,8 +30,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
-from offline.errors import SeqrecError
 from retriever.atomic import atomic_write
+from retriever.errors import SeqrecError, validation_message
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ def load_pipeline_config(path: Path) -> PipelineConfig:
     try:
         config = PipelineConfig.model_validate(raw or {})
     except ValidationError as err:
-        raise SeqrecError(f"{path}: " + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                                  for e in err.errors())) from None
+        raise SeqrecError(f"{path}: {validation_message(err)}") from None
     base = Path(path).resolve().parent
     updates: dict[str, Any] = {"retriever": _relative(base, config.retriever)}
     data = config.data

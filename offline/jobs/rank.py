@@ -18,7 +18,6 @@ import torch
 
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
-from offline.errors import SeqrecError
 from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.jobs.train import check_catalogue, item_feature_matrix
 from ranker.artifact import Ranker, load_ranker, unit_item_vectors, write_ranker
@@ -37,6 +36,7 @@ from ranker.train import (
 )
 from retriever.artifact import RetrieverArtifact, load_artifact
 from retriever.atomic import atomic_write
+from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 

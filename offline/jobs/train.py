@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from offline.data.errors import DataError
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut, Split
-from offline.errors import DataError, SeqrecError
 from offline.evaluation.evaluate import EVAL_KS, evaluate_vectors, index_target_ranks, summarize
 from retriever.artifact import RetrieverArtifact, load_artifact, write_artifact
 from retriever.config import RunConfig, config_from_dict
 from retriever.distributed import Distributed, broadcast_bytes, process_group
+from retriever.errors import SeqrecError
 from retriever.index import IndexSpec
 from retriever.model import Retriever
 from retriever.train import fit, resolve_device

@@ -12,7 +12,7 @@ import pytest
 
 from offline.bench.scale import TABLE_COPIES, parse_sizes, slopes
 from offline.cli import main
-from offline.errors import SeqrecError
+from retriever.errors import SeqrecError
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "synthetic" / "transformer.yaml"
 TINY = ["--config", str(CONFIG), "--interactions", "2000,8000", "--train-items", "1000", "--catalogues", "500,2000",

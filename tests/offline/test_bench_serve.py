@@ -32,7 +32,7 @@ from offline.bench.serve import (
 )
 from offline.data.prepared import PreparedDataset
 from offline.data.sequences import Sequences
-from offline.errors import SeqrecError
+from retriever.errors import SeqrecError
 
 ROOT = Path(__file__).resolve().parents[2]
 # the test apps below live in this module: the server process must be able to import it

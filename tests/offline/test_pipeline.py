@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from offline import ranking
 from offline.cli import main
+from offline.jobs import rank as ranking
 from offline.jobs.pipeline import STAGES, load_pipeline_config
 
 TINY_RETRIEVER = {

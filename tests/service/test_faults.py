@@ -17,8 +17,8 @@ from offline.bench.faults import BREAKS, RedisProcess, bad_push, broken_copy, re
 from offline.bench.open_loop import Call, Marks, open_loop
 from offline.bench.serve import load_catalogue
 from offline.bench.soak_load import soak
-from offline.errors import SeqrecError
 from offline.jobs.pipeline import switch_current
+from retriever.errors import SeqrecError
 from tests.service.support import Server, free_port, serving, train_bundle
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from offline.data.readers.base import RawDataset, drop_duplicate_interactions
-from offline.errors import SeqrecError
+from retriever.errors import SeqrecError
 
 
 @dataclass(frozen=True)

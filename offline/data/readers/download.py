@@ -22,8 +22,8 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
+from offline.data.errors import DataError
 from offline.data.readers.movielens import OFFICIAL_BASE_URL, release
-from offline.errors import DataError
 
 URL_ENV = "SEQREC_MOVIELENS_URL"
 _CHUNK_BYTES = 1 << 20

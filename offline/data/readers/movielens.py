@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from offline.data.errors import DataError
 from offline.data.readers.base import ITEM, TIME, USER, RawDataset
 from offline.data.readers.recbole import read_recbole
 from offline.data.readers.textio import check_unique, read_bytes, read_delimited
-from offline.errors import DataError, SeqrecError
+from retriever.errors import SeqrecError
 
 OFFICIAL_BASE_URL = "https://files.grouplens.org/datasets/movielens"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from offline.data.errors import DataError
 from offline.data.readers.base import ITEM, TIME, USER, RawDataset, int_if_integral
 from offline.data.readers.textio import check_unique, header_fields, read_delimited, row_line
-from offline.errors import DataError
 
 _TYPES = ("token", "token_seq", "float", "float_seq")
 RATING = "rating"

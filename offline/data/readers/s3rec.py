@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from offline.data.errors import DataError
 from offline.data.readers.base import RawDataset, natural_key
 from offline.data.readers.textio import read_bytes
-from offline.errors import DataError
 
 _BOM = b"\xef\xbb\xbf"  # some editors start UTF-8 files with one; it is no part of the first user id
 

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from offline.data.errors import DataError
 from offline.data.readers.base import RawDataset, int_if_integral
 from offline.data.readers.textio import check_unique, one_line, read_delimited, row_line
-from offline.errors import DataError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from offline.errors import DataError
+from offline.data.errors import DataError
 
 # pyarrow accepts one-character delimiters only; MovieLens 1M/10M use "::".
 _UNIT_SEPARATOR = "\x1f"

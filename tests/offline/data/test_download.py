@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from offline.data.errors import DataError
 from offline.data.readers.download import URL_ENV, download_movielens
 from offline.data.readers.movielens import read_movielens
-from offline.errors import DataError
 
 U_ITEM = "1|Toy Story (1995)|01-Jan-1995||http://imdb/x|0|0|0|1|1|1|0|0|0|0|0|0|0|0|0|0|0|0|0\n"
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from offline.data.errors import DataError
 from offline.data.readers.recbole import read_recbole
-from offline.errors import DataError
 
 SHARED_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"real data copies not found at {SHARED_DATA}")

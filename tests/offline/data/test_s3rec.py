@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from offline.data.errors import DataError
 from offline.data.readers.s3rec import read_s3rec
-from offline.errors import DataError
 
 
 def test_lines_become_ordered_interactions_with_attributes(write, tmp_path):

@@ -2,8 +2,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from offline.data.errors import DataError
 from offline.data.readers.tabular import read_tabular
-from offline.errors import DataError
 
 
 def test_csv_with_named_columns(write):

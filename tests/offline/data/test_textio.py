@@ -1,8 +1,8 @@
 import pyarrow as pa
 import pytest
 
+from offline.data.errors import DataError
 from offline.data.readers.textio import read_delimited
-from offline.errors import DataError
 
 NAMES = ["user", "item", "rating", "ts"]
 TYPES = {"ts": pa.int64()}

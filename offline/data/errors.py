@@ -1,12 +1,10 @@
-"""Errors that the CLI turns into one-line messages (a traceback only with --debug)."""
+"""Errors of the data readers: they name the file and, where known, the line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-
-class SeqrecError(Exception):
-    """A problem the user can fix: bad input, a missing file, a wrong flag."""
+from retriever.errors import SeqrecError
 
 
 class DataError(SeqrecError):
