@@ -1,7 +1,7 @@
 """Security review, as tests: nothing is unpickled, secrets stay out of logs and answers.
 
 (API-key enforcement: tests/service/test_auth.py; body and list limits: tests/service/test_bad_input.py;
-non-root images and an unpublished Redis: tests/test_docker.py.)"""
+non-root images and an unpublished Redis: tests/docker/.)"""
 
 from __future__ import annotations
 

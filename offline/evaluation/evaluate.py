@@ -96,38 +96,51 @@ def chunked_target_ranks(
             target = torch.from_numpy(targets[rows]).long().to(device)
             if len(target) and (int(target.min()) < 1 or int(target.max()) >= n_rows):
                 raise ValueError(f"targets must be internal ids in [1, {n_rows - 1}] (0 is padding)")
-            n_chunks = -(-n_rows // item_chunk)
-            owner = torch.div(target, item_chunk, rounding_mode="floor")
-            target_score = torch.empty(len(rows), device=device)
-            if n_chunks > 1:
-                # The target's score comes from the very product the counting pass computes for its block (same
-                # shapes, so the same kernel and rounding): a separately computed dot product can differ in the
-                # last bit and turn exact ties into wins.
-                for chunk in owner.unique().tolist():
-                    lo = chunk * item_chunk
-                    sel = owner == chunk
-                    block = users @ items[lo : lo + item_chunk].T / scale
-                    target_score[sel] = block[sel].gather(1, (target[sel] - lo)[:, None]).squeeze(1)
-            ahead = torch.zeros(len(rows), dtype=torch.int32, device=device)
-            for lo in range(0, n_rows, item_chunk):
-                block = users @ items[lo : lo + item_chunk].T / scale  # (B, C)
-                if block.numel() and torch.isnan(block.amax()):
-                    raise ValueError("scores contain NaN; a NaN cannot be ranked")
-                if n_chunks == 1:
-                    target_score = block.gather(1, target[:, None]).squeeze(1)
-                width = block.shape[1]
-                spare = torch.zeros(len(rows), 1, dtype=torch.bool, device=device)
-                hit = torch.cat([block >= target_score[:, None], spare], 1)
-                # Removed from this block: padding (column 0 of the first), the history and the target; ids
-                # outside the block point at the spare last column, which is dropped.
-                removed = torch.cat([history, target[:, None]], 1) - lo
-                removed = torch.where((removed >= 0) & (removed < width), removed, width)
-                hit.scatter_(1, removed, False)
-                if lo == 0:
-                    hit[:, 0] = False
-                ahead += hit[:, :width].sum(dim=1, dtype=torch.int32)
+            ahead = _count_ahead(users, items, history, target, scale=scale, item_chunk=item_chunk)
             ranks[rows] = (ahead.long() + 1).cpu().numpy()
     return ranks
+
+
+def _block_target_scores(users: Tensor, items: Tensor, target: Tensor, *, scale: float, item_chunk: int) -> Tensor:
+    """(B,) each target's score, read from the very product the counting pass computes for its block (same
+    shapes, so the same kernel and rounding): a separately computed dot product can differ in the last bit
+    and turn exact ties into wins."""
+    owner = torch.div(target, item_chunk, rounding_mode="floor")
+    target_score = torch.empty(len(target), device=users.device)
+    for chunk in owner.unique().tolist():
+        lo = chunk * item_chunk
+        sel = owner == chunk
+        block = users @ items[lo : lo + item_chunk].T / scale
+        target_score[sel] = block[sel].gather(1, (target[sel] - lo)[:, None]).squeeze(1)
+    return target_score
+
+
+def _count_ahead(users: Tensor, items: Tensor, history: Tensor, target: Tensor, *, scale: float,
+                 item_chunk: int) -> Tensor:
+    """(B,) int32: per user, the items scoring at least the target, history, padding and target left out."""
+    n_rows, device = items.shape[0], users.device
+    several = n_rows > item_chunk
+    target_score = _block_target_scores(users, items, target, scale=scale, item_chunk=item_chunk) if several \
+        else None
+    ahead = torch.zeros(len(target), dtype=torch.int32, device=device)
+    for lo in range(0, n_rows, item_chunk):
+        block = users @ items[lo : lo + item_chunk].T / scale  # (B, C)
+        if block.numel() and torch.isnan(block.amax()):
+            raise ValueError("scores contain NaN; a NaN cannot be ranked")
+        if target_score is None:  # one block: the target's score is in it
+            target_score = block.gather(1, target[:, None]).squeeze(1)
+        width = block.shape[1]
+        spare = torch.zeros(len(target), 1, dtype=torch.bool, device=device)
+        hit = torch.cat([block >= target_score[:, None], spare], 1)
+        # Removed from this block: padding (column 0 of the first), the history and the target; ids
+        # outside the block point at the spare last column, which is dropped.
+        removed = torch.cat([history, target[:, None]], 1) - lo
+        removed = torch.where((removed >= 0) & (removed < width), removed, width)
+        hit.scatter_(1, removed, False)
+        if lo == 0:
+            hit[:, 0] = False
+        ahead += hit[:, :width].sum(dim=1, dtype=torch.int32)
+    return ahead
 
 
 def evaluate_vectors(

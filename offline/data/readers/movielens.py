@@ -101,11 +101,7 @@ def _read_100k(folder: Path, variant: str) -> RawDataset:
     genres = _read_genre_names(genre_path) if genre_path.exists() else list(ML100K_GENRES)
     items_path = folder / "u.item"
     users_path = folder / "u.user"
-    users = None
-    if users_path.exists():
-        names = [USER, "age", "gender", "occupation", "zip_code"]
-        users = read_delimited(users_path, sep="|", names=names, types=_USER_TYPES)
-        check_unique(users[USER], users_path, USER, header=False)
+    users = _read_users(users_path, sep="|", names=[USER, "age", "gender", "occupation", "zip_code"])
     return RawDataset(
         source=variant,
         interactions=_interaction_columns(interactions),
@@ -113,6 +109,15 @@ def _read_100k(folder: Path, variant: str) -> RawDataset:
         users=users,
         files=[p for p in (ratings, items_path, genre_path, users_path) if p.exists()],
     )
+
+
+def _read_users(path: Path, *, sep: str, names: list[str]) -> pa.Table | None:
+    """The optional users file (100K's u.user, 1M's users.dat): one row per user id, or None if absent."""
+    if not path.exists():
+        return None
+    users = read_delimited(path, sep=sep, names=names, types=_USER_TYPES)
+    check_unique(users[USER], path, USER, header=False)
+    return users
 
 
 def _read_genre_names(path: Path) -> list[str]:
@@ -150,11 +155,7 @@ def _read_dat(folder: Path, variant: str) -> RawDataset:
     items = read_delimited(movies, sep="::", names=[ITEM, "title", "genres"], encoding=_text_encoding(movies))
     check_unique(items[ITEM], movies, ITEM, header=False)
     users_path = folder / "users.dat"
-    users = None
-    if users_path.exists():
-        names = [USER, "gender", "age", "occupation", "zip_code"]
-        users = read_delimited(users_path, sep="::", names=names, types=_USER_TYPES)
-        check_unique(users[USER], users_path, USER, header=False)
+    users = _read_users(users_path, sep="::", names=[USER, "gender", "age", "occupation", "zip_code"])
     return RawDataset(
         source=variant,
         interactions=_interaction_columns(interactions),

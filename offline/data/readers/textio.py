@@ -73,29 +73,15 @@ def read_delimited(
     field_names = list(names) if names is not None else header_fields(path, sep=sep, encoding=encoding, quoted=quoted)
     types = dict(types or {})
     keep = list(columns) if columns is not None else field_names
-    unknown = [c for c in [*keep, *types, *non_empty] if c not in field_names]
-    if unknown:
-        listed, hint = ", ".join(field_names), ""
-        if header and len(field_names) == 1:
-            listed, hint = _shown(field_names[0]), f"; one column only: is '{_shown(sep)}' the separator?"
-        raise DataError(path, f"no column {unknown[0]!r} (columns: {listed}){hint}", line=1 if header else None)
-
-    text = data
-    if encoding.lower().replace("_", "-") not in ("utf-8", "ascii"):
-        # Latin-1 and friends decode any byte string; Arrow wants UTF-8.
-        text = data.decode(encoding).encode("utf-8")
-    delimiter = sep
-    if len(sep) > 1:
-        text = text.replace(sep.encode("utf-8"), _UNIT_SEPARATOR.encode())
-        delimiter = _UNIT_SEPARATOR
-    column_types = {name: types.get(name, pa.string()) for name in keep}
+    _check_columns(path, field_names, [*keep, *types, *non_empty], sep=sep, header=header)
     try:
         table = pacsv.read_csv(
-            io.BytesIO(text),
+            io.BytesIO(_as_utf8(data, encoding, sep)),
             read_options=pacsv.ReadOptions(column_names=field_names, skip_rows=1 if header else 0),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char='"' if quoted else False),
+            parse_options=pacsv.ParseOptions(delimiter=sep if len(sep) == 1 else _UNIT_SEPARATOR,
+                                             quote_char='"' if quoted else False),
             convert_options=pacsv.ConvertOptions(
-                column_types=column_types,
+                column_types={name: types.get(name, pa.string()) for name in keep},
                 include_columns=keep,
                 null_values=[],
                 strings_can_be_null=False,
@@ -109,12 +95,38 @@ def read_delimited(
         raise DataError(path, reason, line=line) from None
     if table.num_rows == 0:
         raise DataError(path, "no data rows")
+    _check_non_empty(path, table, non_empty, header=header)
+    return table
+
+
+def _check_columns(path: Path, field_names: list[str], wanted: Sequence[str], *, sep: str, header: bool) -> None:
+    """Every wanted column is one of the file's; a header read as one column hints at the separator."""
+    unknown = [c for c in wanted if c not in field_names]
+    if unknown:
+        listed, hint = ", ".join(field_names), ""
+        if header and len(field_names) == 1:
+            listed, hint = _shown(field_names[0]), f"; one column only: is '{_shown(sep)}' the separator?"
+        raise DataError(path, f"no column {unknown[0]!r} (columns: {listed}){hint}", line=1 if header else None)
+
+
+def _as_utf8(data: bytes, encoding: str, sep: str) -> bytes:
+    """The bytes Arrow reads: UTF-8, with a multi-character separator replaced by one character."""
+    text = data
+    if encoding.lower().replace("_", "-") not in ("utf-8", "ascii"):
+        # Latin-1 and friends decode any byte string; Arrow wants UTF-8.
+        text = data.decode(encoding).encode("utf-8")
+    if len(sep) > 1:
+        text = text.replace(sep.encode("utf-8"), _UNIT_SEPARATOR.encode())
+    return text
+
+
+def _check_non_empty(path: Path, table: pa.Table, non_empty: Sequence[str], *, header: bool) -> None:
+    """An empty field in an id column is an error naming its line, not an empty id."""
     for name in non_empty:
         empty = pc.equal(table.column(name), "").combine_chunks()
         if pc.any(empty).as_py():
             row = int(pc.index(empty, True).as_py())
             raise DataError(path, f"column {name!r} is empty", line=row_line(path, row, header=header))
-    return table
 
 
 def row_line(path: str | Path, row: int, *, header: bool) -> int:
