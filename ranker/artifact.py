@@ -14,19 +14,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 
 from ranker.features import DENSE_FEATURES, TABLES_FILE, FeatureBatch, ItemTables, feature_spec
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
+from retriever.artifact import ArtifactError
 from retriever.atomic import atomic_write, sha256_file
-from retriever.errors import RetrieverError
+from retriever.errors import validation_message
 
 FORMAT = "seqrec.ranker/1"
 FOLDER = "ranker"
@@ -34,7 +37,7 @@ MANIFEST = "manifest.json"
 
 
 class Ranker(Protocol):
-    """What both rankers offer: score a feature batch, save into a folder."""
+    """What both rankers offer: score a feature batch, save into a folder, load from one."""
 
     kind: ClassVar[str]
 
@@ -43,29 +46,61 @@ class Ranker(Protocol):
     def save(self, folder: Path) -> dict[str, Any]: ...  # {"files": [...], "config": {...}}
 
 
-RANKERS: dict[str, Any] = {"mlp": MLPRanker, "lgbm": LGBMRanker}
+RANKERS: dict[str, type[MLPRanker] | type[LGBMRanker]] = {"mlp": MLPRanker, "lgbm": LGBMRanker}
 
 
-class RankerError(RetrieverError):
-    def __init__(self, path: Path, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
+class RankerManifest(BaseModel):
+    """BUNDLE/ranker/manifest.json. Every field but ``format`` has a default so that a manifest
+    missing one is refused by `load_ranker` with its own message (feature list, checksum, kind),
+    as before the manifest was typed; fields beyond these (a newer writer's) are kept.
+
+    ``manifest["kind"]`` and ``manifest.get("mining")`` still work, for callers that read the
+    manifest as the dict it used to be; written back, it gives the same JSON (same keys, same order).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    format: str
+    kind: str | None = None
+    created_at: str | None = None
+    retriever_version: str | None = None
+    features: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    metrics: dict[str, Any] = {}
+    mining: dict[str, Any] | None = None  # train_ranker's record of the mined groups
+    selection: dict[str, Any] | None = None  # the kinds compared and the one kept
+    training: dict[str, Any] | None = None  # seconds and the training curve
+    dataset: dict[str, Any] | None = None  # the prepared dataset's path and checksums
+    sha256: dict[str, str] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        data = self.to_json_dict()
+        if key not in data:
+            raise KeyError(key)
+        return data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_json_dict().get(key, default)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The manifest as written: only the keys it was given, in the order the writer uses."""
+        return self.model_dump(exclude_unset=True)
 
 
 @dataclass(frozen=True)
 class RankerArtifact:
     path: Path
-    manifest: dict[str, Any]
+    manifest: RankerManifest
     ranker: Ranker
     tables: ItemTables
 
     @property
     def kind(self) -> str:
-        return str(self.manifest["kind"])
+        return str(self.manifest.kind)
 
 
-def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: dict[str, Any],
-                 metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: Mapping[str, Any],
+                 metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> RankerManifest:
     """Write BUNDLE/ranker/ (replacing an existing one only once the new one is complete)."""
     tmp = bundle / f".{FOLDER}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -74,19 +109,15 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
         saved = ranker.save(tmp)
         tables.save(tmp / TABLES_FILE)
         files = [*saved["files"], TABLES_FILE]
-        created = datetime.now(UTC)
-        manifest = {
-            "format": FORMAT,
-            "kind": ranker.kind,
-            "created_at": created.isoformat(timespec="seconds"),
-            "retriever_version": retriever_manifest["version"],
-            "features": feature_spec(tables, int(retriever_manifest["dim"])),
-            "config": saved["config"],
-            "metrics": dict(metrics or {}),
-            **dict(extra or {}),
-            "sha256": {name: sha256_file(tmp / name) for name in files},
-        }
-        atomic_write(tmp / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+        manifest = RankerManifest(
+            format=FORMAT, kind=ranker.kind, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            retriever_version=retriever_manifest["version"],
+            features=feature_spec(tables, int(retriever_manifest["dim"])), config=saved["config"],
+            metrics=dict(metrics or {}), **dict(extra or {}),
+            sha256={name: sha256_file(tmp / name) for name in files},
+        )
+        text = json.dumps(manifest.to_json_dict(), indent=2)
+        atomic_write(tmp / MANIFEST, lambda p: p.write_text(text))
         final, old = bundle / FOLDER, bundle / f".{FOLDER}.{os.getpid()}.old"
         if final.exists():
             os.replace(final, old)
@@ -97,39 +128,53 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
     return manifest
 
 
-def load_ranker(bundle: Path, retriever_manifest: dict[str, Any]) -> RankerArtifact | None:
+def read_manifest(folder: Path) -> RankerManifest:
+    """FOLDER/manifest.json, refused when unreadable or not a ranker manifest of this format."""
+    path = folder / MANIFEST
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ArtifactError(path, f"unreadable: {err}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise ArtifactError(path, f"not a {FORMAT} manifest")
+    try:
+        return RankerManifest.model_validate(raw)
+    except ValidationError as err:
+        raise ArtifactError(path, validation_message(err)) from None
+
+
+def load_ranker(bundle: Path, retriever_manifest: Mapping[str, Any]) -> RankerArtifact | None:
     """The bundle's ranker, or None when it has none; refused on any mismatch."""
     folder = Path(bundle) / FOLDER
     if not folder.exists():
         return None
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError) as err:
-        raise RankerError(folder / MANIFEST, f"unreadable: {err}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise RankerError(folder / MANIFEST, f"not a {FORMAT} manifest")
-    if manifest.get("retriever_version") != retriever_manifest.get("version"):
-        raise RankerError(folder, f"was mined from retriever {manifest.get('retriever_version')}, but the bundle "
-                          f"holds {retriever_manifest.get('version')}; retrain it with `seqrec train-ranker`")
-    spec = manifest.get("features", {})
-    if spec.get("dense") != list(DENSE_FEATURES):
-        raise RankerError(folder, "was trained on another feature list than this version of seqrec computes")
-    for name, digest in dict(manifest.get("sha256", {})).items():
-        file = folder / name
-        if not file.is_file() or sha256_file(file) != digest:
-            raise RankerError(file, "missing or its checksum does not match the manifest")
-    kind = manifest.get("kind")
+    manifest = read_manifest(folder)
+    _check_lineage(folder, manifest, retriever_manifest)
+    kind = manifest.kind
     if kind not in RANKERS:
-        raise RankerError(folder / MANIFEST, f"unknown ranker kind {kind!r}")
+        raise ArtifactError(folder / MANIFEST, f"unknown ranker kind {kind!r}")
     tables = ItemTables.load(folder / TABLES_FILE)
     if tables.n_items != retriever_manifest.get("n_items"):
-        raise RankerError(folder / TABLES_FILE, f"describes {tables.n_items} items; the retriever has "
-                          f"{retriever_manifest.get('n_items')}")
+        raise ArtifactError(folder / TABLES_FILE, f"describes {tables.n_items} items; the retriever has "
+                            f"{retriever_manifest.get('n_items')}")
     try:
-        ranker = RANKERS[kind].load(folder, manifest)
+        ranker = RANKERS[kind].load(folder, manifest.config)
     except (RuntimeError, OSError, ValueError, KeyError, TypeError) as err:
-        raise RankerError(folder, f"ranker weights do not load: {str(err).splitlines()[0]}") from None
+        raise ArtifactError(folder, f"ranker weights do not load: {str(err).splitlines()[0]}") from None
     return RankerArtifact(folder, manifest, ranker, tables)
+
+
+def _check_lineage(folder: Path, manifest: RankerManifest, retriever_manifest: Mapping[str, Any]) -> None:
+    """Mined from this retriever, on this feature list, and every file as it was written."""
+    if manifest.retriever_version != retriever_manifest.get("version"):
+        raise ArtifactError(folder, f"was mined from retriever {manifest.retriever_version}, but the bundle "
+                            f"holds {retriever_manifest.get('version')}; retrain it with `seqrec train-ranker`")
+    if manifest.features.get("dense") != list(DENSE_FEATURES):
+        raise ArtifactError(folder, "was trained on another feature list than this version of seqrec computes")
+    for name, digest in manifest.sha256.items():
+        file = folder / name
+        if not file.is_file() or sha256_file(file) != digest:
+            raise ArtifactError(file, "missing or its checksum does not match the manifest")
 
 
 def unit_item_vectors(item_vectors: Tensor) -> Tensor:

@@ -42,7 +42,6 @@ DENSE_FEATURES = (
     "follows_recent",  # log1p(sum of the counts from the last RECENT history items)
 )
 COLUMN = {name: i for i, name in enumerate(DENSE_FEATURES)}
-# Columns computed from the retriever's ID-trained vectors: not trusted for unknown items.
 # Columns computed from the retriever's ID-trained vectors or from the item's own interaction
 # history: not trusted (zeroed) for unknown items.
 ID_DERIVED = tuple(COLUMN[n] for n in ("retrieval_score", "retrieval_rank", "score_gap", "history_max_cos",
@@ -202,13 +201,8 @@ def compute_features(
     cand_vec = item_vectors[candidates]  # (B, N, D)
     hist_valid = history != 0  # (B, T)
     hist_len = hist_valid.sum(1).clamp(min=1)  # (B,)
-    cos = torch.einsum("bnd,btd->bnt", cand_vec, item_vectors[history])  # (B, N, T)
-    cos_masked = cos.masked_fill(~hist_valid[:, None, :], -torch.inf)
-    history_max = cos_masked.amax(-1).clamp(min=-1.0)  # all-padding history -> -1
-    history_mean = (cos * hist_valid[:, None, :]).sum(-1) / hist_len[:, None]
-    last = cos[..., -1] * hist_valid[:, None, -1]
-    recent_valid = hist_valid[:, -RECENT:]
-    recent = (cos[..., -RECENT:] * recent_valid[:, None, :]).sum(-1) / recent_valid.sum(1).clamp(min=1)[:, None]
+    history_max, history_mean, last, recent = _similarity_features(item_vectors, history, hist_valid, hist_len,
+                                                                   cand_vec)
 
     scores = torch.where(valid, scores, torch.zeros_like(scores))
     rank = torch.log1p(torch.arange(n, dtype=torch.float32, device=scores.device)).expand(b, n)
@@ -216,19 +210,8 @@ def compute_features(
 
     meta = tables.meta[candidates]  # (B, N, M)
     meta_overlap, meta_affinity = _meta_features(tables, history, hist_valid, hist_len, meta)
-    years = tables.year_bucket[candidates].float()  # (B, N)
-    hist_years = tables.year_bucket[history].float() * hist_valid
-    known_years = (hist_years > 0).sum(1)
-    mean_year = hist_years.sum(1) / known_years.clamp(min=1)  # (B,)
-    year_distance = torch.where((years > 0) & (known_years[:, None] > 0), (years - mean_year[:, None]).abs(),
-                                torch.zeros_like(years))
-
-    last_item = history[:, -1:].expand(b, n)  # (B, N)
-    follows_last = tables.follows(last_item, candidates)
-    share = follows_last / tables.follow_totals[last_item].clamp(min=1.0)
-    recent_items = history[:, -RECENT:]  # (B, R)
-    follows_recent = tables.follows(recent_items[:, None, :].expand(b, n, -1),
-                                    candidates[:, :, None].expand(-1, -1, recent_items.shape[1])).sum(-1)
+    years, year_distance = _year_features(tables, history, hist_valid, candidates)
+    follows_last, share, follows_recent = _follow_features(tables, history, candidates)
 
     columns = [
         scores, rank, gap, tables.popularity[candidates], unknown.float(), history_max, history_mean, last, recent,
@@ -240,6 +223,44 @@ def compute_features(
     dense = dense * valid[..., None]
     product = (user[:, None, :] * cand_vec).masked_fill(unknown[..., None], 0.0)
     return FeatureBatch(dense, candidates, meta, tables.year_bucket[candidates], user, product)
+
+
+def _similarity_features(item_vectors: Tensor, history: Tensor, hist_valid: Tensor, hist_len: Tensor,
+                         cand_vec: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(B, N) cosine of each candidate with the history: max, mean, last item, mean of the last RECENT."""
+    cos = torch.einsum("bnd,btd->bnt", cand_vec, item_vectors[history])  # (B, N, T)
+    cos_masked = cos.masked_fill(~hist_valid[:, None, :], -torch.inf)
+    history_max = cos_masked.amax(-1).clamp(min=-1.0)  # all-padding history -> -1
+    history_mean = (cos * hist_valid[:, None, :]).sum(-1) / hist_len[:, None]
+    last = cos[..., -1] * hist_valid[:, None, -1]
+    recent_valid = hist_valid[:, -RECENT:]
+    recent = (cos[..., -RECENT:] * recent_valid[:, None, :]).sum(-1) / recent_valid.sum(1).clamp(min=1)[:, None]
+    return history_max, history_mean, last, recent
+
+
+def _year_features(tables: TorchTables, history: Tensor, hist_valid: Tensor,
+                   candidates: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, N) the candidate's year bucket and its distance to the history's mean bucket (0 when unknown)."""
+    years = tables.year_bucket[candidates].float()  # (B, N)
+    hist_years = tables.year_bucket[history].float() * hist_valid
+    known_years = (hist_years > 0).sum(1)
+    mean_year = hist_years.sum(1) / known_years.clamp(min=1)  # (B,)
+    year_distance = torch.where((years > 0) & (known_years[:, None] > 0), (years - mean_year[:, None]).abs(),
+                                torch.zeros_like(years))
+    return years, year_distance
+
+
+def _follow_features(tables: TorchTables, history: Tensor, candidates: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, N) how often the candidate followed the last history item (count and share of that item's
+    followers) and the summed counts from the last RECENT items."""
+    b, n = candidates.shape
+    last_item = history[:, -1:].expand(b, n)  # (B, N)
+    follows_last = tables.follows(last_item, candidates)
+    share = follows_last / tables.follow_totals[last_item].clamp(min=1.0)
+    recent_items = history[:, -RECENT:]  # (B, R)
+    follows_recent = tables.follows(recent_items[:, None, :].expand(b, n, -1),
+                                    candidates[:, :, None].expand(-1, -1, recent_items.shape[1])).sum(-1)
+    return follows_last, share, follows_recent
 
 
 def _meta_features(tables: TorchTables, history: Tensor, hist_valid: Tensor, hist_len: Tensor,

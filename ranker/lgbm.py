@@ -58,8 +58,9 @@ class LGBMRanker:
         return {"files": [MODEL], "config": {"params": self.params, "best_iteration": self.booster.best_iteration}}
 
     @classmethod
-    def load(cls, folder: Path, spec: dict[str, Any]) -> LGBMRanker:
-        return cls(lgb.Booster(model_file=str(folder / MODEL)), spec.get("config", {}).get("params"))
+    def load(cls, folder: Path, config: dict[str, Any]) -> LGBMRanker:
+        """config: what `save` returned under "config" (the manifest keeps it)."""
+        return cls(lgb.Booster(model_file=str(folder / MODEL)), config.get("params"))
 
 
 def fit_lgbm(

@@ -1,4 +1,4 @@
-"""MLP ranker with ID dropout (seed 002's second stage).
+"""MLP ranker with ID dropout (the second stage of the retriever-and-ranker reference).
 
 Inputs per candidate: the dense features (standardised with statistics fixed at training
 time), the ranker's own item-ID embedding, its product with a projection of the user
@@ -14,38 +14,18 @@ simulation.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from ranker.config import MLPConfig
 from ranker.features import DENSE_FEATURES, FeatureBatch
 from retriever.atomic import atomic_write
 
 WEIGHTS = "mlp.pt"
-
-
-@dataclass(frozen=True)
-class MLPConfig:
-    n_items: int
-    n_meta: int
-    n_year_buckets: int
-    dim: int  # retriever vector size
-    id_dim: int = 32
-    meta_dim: int = 16
-    year_dim: int = 8
-    hidden: tuple[int, ...] = (256, 128)
-    dropout: float = 0.1
-    id_dropout: float = 0.3
-    loss: Literal["listwise", "bce"] = "listwise"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    batch_size: int = 256  # groups per step
-    epochs: int = 30
-    patience: int = 3
-    seed: int = 42
 
 
 class MLPRanker(nn.Module):
@@ -103,8 +83,9 @@ class MLPRanker(nn.Module):
         return {"files": [WEIGHTS], "config": asdict(self.config)}
 
     @classmethod
-    def load(cls, folder: Path, spec: dict[str, Any]) -> MLPRanker:
-        raw = dict(spec["config"])
+    def load(cls, folder: Path, config: dict[str, Any]) -> MLPRanker:
+        """config: what `save` returned under "config" (the manifest keeps it)."""
+        raw = dict(config)
         raw["hidden"] = tuple(raw["hidden"])
         model = cls(MLPConfig(**raw))
         model.load_state_dict(torch.load(folder / WEIGHTS, map_location="cpu", weights_only=True))

@@ -18,10 +18,11 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from ranker.config import MLPConfig
 from ranker.features import FeatureBatch, TorchTables, compute_features, standardize_stats
 from ranker.lgbm import LGBMRanker, fit_lgbm
 from ranker.mining import Encoder, Mined, padded_slices
-from ranker.mlp import MLPConfig, MLPRanker, group_loss
+from ranker.mlp import MLPRanker, group_loss
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from ranker.artifact import RankerArtifact, RankerError, load_ranker, unit_item_vectors
+from ranker.artifact import RankerArtifact, load_ranker, unit_item_vectors
 from ranker.features import TorchTables, compute_features
 from ranker.mining import padded_slices
 from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, load_artifact
@@ -134,7 +134,7 @@ def load_bundle(path: Path) -> Bundle:
     try:
         artifact = load_artifact(path)
         ranker = load_ranker(path, artifact.manifest)
-    except (ArtifactError, RankerError) as err:
+    except ArtifactError as err:  # the retriever and the ranker folder alike
         raise BundleError(str(err)) from None
     n_items = artifact.n_items
     with torch.inference_mode():

@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
+from ranker.config import RankerSection
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError, validation_message
 
@@ -54,20 +55,13 @@ class DataSpec(_Strict):
     reader: dict[str, Any] = Field(default_factory=dict, description="csv options: user_col, item_col, ...")
 
 
-class RankerSpec(_Strict):
-    kind: Literal["auto", "mlp", "lgbm", "none"] = "auto"
-    mining: Literal["holdout", "direct"] = "holdout"
-    depth: int = Field(100, ge=10, le=2000)
-    per_user: int = Field(3, ge=1)
-
-
 class PipelineConfig(_Strict):
     name: str = Field(description="names the published versions")
     data: DataSpec
     retriever: Path = Field(description="run config YAML of the retriever (relative to this file)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="section.key: value for the retriever")
     index: Literal["auto", "flat", "hnsw", "ivf"] = "auto"
-    ranker: RankerSpec = Field(default_factory=RankerSpec)
+    ranker: RankerSection = Field(default_factory=RankerSection)
     keep: int = Field(3, ge=1, description="published versions to keep")
 
 
@@ -98,10 +92,55 @@ def _relative(base: Path, path: Path) -> Path:
     return from_file if from_file.exists() or not path.exists() else path.resolve()  # else: relative to the CWD
 
 
+class StageRecord(BaseModel):
+    """One finished stage in state.json and pipeline.json: its seconds, then what the stage reported
+    (kept as extra fields, in the stage's order, so the JSON reads as it always has)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    seconds: float
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RunState(BaseModel):
+    """ARTIFACTS/work/<run>/state.json: the config a run was started with and its finished stages."""
+
+    config_path: str
+    config: dict[str, Any]  # PipelineConfig.model_dump(mode="json"): what --resume matches on
+    started_at: str
+    stages: dict[str, StageRecord] = {}
+
+
+class PublishRecord(BaseModel):
+    """BUNDLE/pipeline.json: how a published bundle was made."""
+
+    config: dict[str, Any]
+    stages: dict[str, StageRecord]
+    published_at: str
+
+
+class PipelineSummary(BaseModel):
+    """What `run_pipeline` returns and `summary_table` prints."""
+
+    version: str
+    path: str
+    seconds: dict[str, float]
+    evaluation: dict[str, Any]
+
+
+def _write_json(path: Path, record: BaseModel) -> None:
+    # default=str as before the records were typed: a stage may report a value json cannot encode
+    text = json.dumps(record.model_dump(), indent=2, default=str)
+    atomic_write(path, lambda p: p.write_text(text))
+
+
 class Run:
     """One pipeline run's work folder and its record of finished stages."""
 
-    def __init__(self, folder: Path, state: dict[str, Any]) -> None:
+    def __init__(self, folder: Path, state: RunState) -> None:
         self.folder, self.state = folder, state
 
     @property
@@ -117,22 +156,22 @@ class Run:
         return self.folder / "bundle.mining"
 
     def done(self, stage: str) -> bool:
-        return stage in self.state["stages"]
+        return stage in self.state.stages
 
     def finish(self, name: str, seconds: float, **info: Any) -> None:
-        self.state["stages"][name] = {"seconds": round(seconds, 1), **info}
+        self.state.stages[name] = StageRecord(seconds=round(seconds, 1), **info)
         self.save()
 
     def save(self) -> None:
-        atomic_write(self.folder / STATE, lambda p: p.write_text(json.dumps(self.state, indent=2, default=str)))
+        _write_json(self.folder / STATE, self.state)
 
 
 def new_run(artifacts: Path, config: PipelineConfig, config_path: Path) -> Run:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     folder = artifacts / WORK / f"{stamp}-{config.name}"
     folder.mkdir(parents=True, exist_ok=False)
-    run = Run(folder, {"config_path": str(config_path), "config": config.model_dump(mode="json"),
-                       "started_at": stamp, "stages": {}})
+    run = Run(folder, RunState(config_path=str(config_path), config=config.model_dump(mode="json"),
+                               started_at=stamp))
     run.save()
     return run
 
@@ -141,14 +180,14 @@ def resume_run(artifacts: Path, config: PipelineConfig) -> Run | None:
     """The newest unpublished run of this config, if any."""
     runs = sorted((artifacts / WORK).glob("*/" + STATE)) if (artifacts / WORK).is_dir() else []
     for state_file in reversed(runs):
-        state = json.loads(state_file.read_text())
-        if state.get("config") == config.model_dump(mode="json") and "publish" not in state["stages"]:
+        state = RunState.model_validate_json(state_file.read_text())
+        if state.config == config.model_dump(mode="json") and "publish" not in state.stages:
             return Run(state_file.parent, state)
     return None
 
 
 def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, keep: int | None = None,
-                 threads: int | None = None) -> dict[str, Any]:
+                 threads: int | None = None) -> PipelineSummary:
     """Run every stage not yet finished; returns the summary (stage times, metrics, published version)."""
     config = load_pipeline_config(config_path)
     if keep is not None:
@@ -156,7 +195,7 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
     artifacts.mkdir(parents=True, exist_ok=True)
     run = resume_run(artifacts, config) if resume else None
     if run is not None:
-        log.info("resuming %s after %s", run.folder, ", ".join(run.state["stages"]) or "nothing")
+        log.info("resuming %s after %s", run.folder, ", ".join(run.state.stages) or "nothing")
     else:
         if resume:
             log.info("no unfinished run of %s under %s: starting a new one", config.name, artifacts)
@@ -231,8 +270,7 @@ def _mine(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, An
 
     shutil.rmtree(run.mined, ignore_errors=True)  # a killed mine leaves a partial folder
     artifact = load_artifact(run.bundle)
-    _, info, _ = mine_to(run.mined, artifact, load_prepared(run.data), depth=config.ranker.depth,
-                         per_user=config.ranker.per_user, holdout=config.ranker.mining == "holdout")
+    _, info, _ = mine_to(run.mined, artifact, load_prepared(run.data), config.ranker)
     return {"recall": info.get(f"recall@{config.ranker.depth}")}
 
 
@@ -240,10 +278,8 @@ def _train_ranker(run: Run, config: PipelineConfig, threads: int | None) -> dict
     from offline.data.prepared import load_prepared
     from offline.jobs.rank import train_ranker
 
-    manifest = train_ranker(run.bundle, load_prepared(run.data), kind=config.ranker.kind, depth=config.ranker.depth,
-                            per_user=config.ranker.per_user, mined_dir=run.mined,
-                            holdout=config.ranker.mining == "holdout")
-    return {"kind": manifest["kind"], "selection": manifest["selection"]}
+    manifest = train_ranker(run.bundle, load_prepared(run.data), config.ranker, mined_dir=run.mined)
+    return {"kind": manifest.kind, "selection": manifest.selection}
 
 
 def _evaluate(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
@@ -261,15 +297,15 @@ def _evaluate(run: Run, config: PipelineConfig, threads: int | None) -> dict[str
 
 def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any]:
     """Move the bundle into versions/ (one rename), then rename a new symlink over `current`."""
-    version = run.state["stages"]["train"]["version"]
+    version = str(run.state.stages["train"].info["version"])
     versions = artifacts / VERSIONS
     versions.mkdir(parents=True, exist_ok=True)
     target = versions / version
     if not target.exists():  # else a killed publish already moved it: only the switch is left
         shutil.rmtree(run.bundle / "run", ignore_errors=True)  # checkpoints; the curve is in history.jsonl
-        record = {"config": run.state["config"], "stages": run.state["stages"],
-                  "published_at": datetime.now(UTC).isoformat(timespec="seconds")}
-        atomic_write(run.bundle / "pipeline.json", lambda p: p.write_text(json.dumps(record, indent=2, default=str)))
+        record = PublishRecord(config=run.state.config, stages=run.state.stages,
+                               published_at=datetime.now(UTC).isoformat(timespec="seconds"))
+        _write_json(run.bundle / "pipeline.json", record)
         os.replace(run.bundle, target)
     _fault_point("publish-before-switch")
     switch_current(artifacts, target)
@@ -307,19 +343,21 @@ def _prune(artifacts: Path, keep: int) -> list[Path]:
     return removed
 
 
-def _summary(run: Run) -> dict[str, Any]:
-    stages = run.state["stages"]
-    return {"version": stages["publish"]["version"], "path": stages["publish"]["path"],
-            "seconds": {name: stages[name]["seconds"] for name in STAGES if name in stages},
-            "evaluation": stages.get("evaluate", {})}
+def _summary(run: Run) -> PipelineSummary:
+    stages = run.state.stages
+    published = stages["publish"].info
+    evaluate = stages.get("evaluate")
+    return PipelineSummary(version=published["version"], path=published["path"],
+                           seconds={name: stages[name].seconds for name in STAGES if name in stages},
+                           evaluation=evaluate.model_dump() if evaluate is not None else {})
 
 
-def summary_table(summary: dict[str, Any]) -> str:
+def summary_table(summary: PipelineSummary) -> str:
     """Stage times, then validation/test metrics of the retriever and the two-stage system."""
     lines = ["| stage | seconds |", "|---|---|"]
-    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in summary["seconds"].items()]
-    lines.append(f"| total | {sum(summary['seconds'].values()):.1f} |")
-    ev = summary["evaluation"]
+    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in summary.seconds.items()]
+    lines.append(f"| total | {sum(summary.seconds.values()):.1f} |")
+    ev = summary.evaluation
     lines += ["", "| system | split | HR@10 | NDCG@10 | MRR@10 |", "|---|---|---|---|---|"]
     rows = [("retriever", s, ev.get(f"retriever_{s}")) for s in ("valid", "test")]
     rows += [("two-stage" if ev.get("system") == "two-stage" else "retriever", s, ev.get(s)) for s in ("valid", "test")]
@@ -330,5 +368,5 @@ def summary_table(summary: dict[str, Any]) -> str:
         seen.add((system, split))
         lines.append(f"| {system} | {split} | {metrics['HR@10']:.4f} | {metrics['NDCG@10']:.4f} | "
                      f"{metrics['MRR@10']:.4f} |")
-    lines += ["", f"published {summary['version']} -> {summary['path']}"]
+    lines += ["", f"published {summary.version} -> {summary.path}"]
     return "\n".join(lines)

@@ -20,7 +20,8 @@ from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.jobs.train import check_catalogue, item_feature_matrix
-from ranker.artifact import Ranker, load_ranker, unit_item_vectors, write_ranker
+from ranker.artifact import Ranker, RankerManifest, load_ranker, unit_item_vectors, write_ranker
+from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, TRAINABLE_KINDS, RankerConfig, ranker_default
 from ranker.features import ItemTables
 from ranker.mining import Encoder, Mined, mine, training_groups
 from ranker.train import (
@@ -120,15 +121,17 @@ def holdout_data(data: PreparedDataset) -> PreparedDataset:
     return replace(data, sequences=rows, user_ids=data.user_ids[keep])
 
 
-def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, *, depth: int = 100, per_user: int = 3,
+def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: RankerConfig | None = None, *,
                 batch_size: int = 512, holdout: RetrieverArtifact | None = None) -> dict[str, Mined]:
     """Groups for train (from ``holdout`` when given: each user's last two training targets), valid, test."""
+    config = config or RankerConfig()
+    depth = config.depth
     if artifact.index is None:
         raise SeqrecError(f"{artifact.path}: mining needs the artifact's index")
-    if depth < 10:
-        raise SeqrecError(f"--depth must be at least 10 (the metrics' cut-off), got {depth}")
+    if depth < MIN_DEPTH:
+        raise SeqrecError(f"--depth must be at least {MIN_DEPTH} (the metrics' cut-off), got {depth}")
     split = data.split()
-    train_start, train_target_pos = training_groups(split.train.offsets, 2 if holdout is not None else per_user)
+    train_start, train_target_pos = training_groups(split.train.offsets, _per_user(config, holdout))
     test_inputs = split.inputs("test")
     plans = {
         "train": (split.train.items, train_start, train_target_pos, split.train.items[train_target_pos]),
@@ -144,18 +147,27 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, *, depth: in
     return out
 
 
-def save_mined(mined: dict[str, Mined], out: Path, artifact: RetrieverArtifact, per_user: int,
-               holdout: RetrieverArtifact | None = None) -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
-    for name, groups in mined.items():
-        atomic_write(out / f"{name}.npz", groups.save)
+def _per_user(config: RankerConfig, holdout: RetrieverArtifact | None) -> int:
+    """Training targets per user: the holdout retriever held out exactly HOLDOUT_PER_USER of them."""
+    return HOLDOUT_PER_USER if holdout is not None else config.per_user
+
+
+def mining_record(mined: dict[str, Mined], config: RankerConfig, holdout: RetrieverArtifact | None) -> dict[str, Any]:
+    """How the groups were mined, as mined.json and the ranker manifest's "mining" record it."""
     depth = next(iter(mined.values())).depth
-    info = {"retriever_version": artifact.manifest["version"], "depth": depth,
-            "per_user": 2 if holdout is not None else per_user,
+    return {"depth": depth, "per_user": _per_user(config, holdout),
             "train_mined_by": "holdout" if holdout is not None else "retriever",
             "holdout_version": None if holdout is None else holdout.manifest["version"],
             "groups": {n: len(g) for n, g in mined.items()},
             f"recall@{depth}": {n: round(g.recall(), 6) for n, g in mined.items()}}
+
+
+def save_mined(mined: dict[str, Mined], out: Path, artifact: RetrieverArtifact, config: RankerConfig,
+               holdout: RetrieverArtifact | None = None) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, groups in mined.items():
+        atomic_write(out / f"{name}.npz", groups.save)
+    info = {"retriever_version": artifact.manifest["version"], **mining_record(mined, config, holdout)}
     atomic_write(out / "mined.json", lambda p: p.write_text(json.dumps(info, indent=2)))
     return info
 
@@ -178,12 +190,12 @@ def load_mined(folder: Path, artifact: RetrieverArtifact) -> tuple[dict[str, Min
     return {name: Mined.load(folder / f"{name}.npz") for name in SPLITS}, info, holdout
 
 
-def mine_to(folder: Path, artifact: RetrieverArtifact, data: PreparedDataset, *, depth: int, per_user: int,
-            holdout: bool) -> tuple[dict[str, Mined], dict[str, Any], RetrieverArtifact | None]:
-    """Mine into ``folder`` (training the holdout retriever under it first, when asked)."""
-    miner = train_holdout_retriever(artifact, data, folder / HOLDOUT) if holdout else None
-    mined = mine_splits(artifact, data, depth=depth, per_user=per_user, holdout=miner)
-    return mined, save_mined(mined, folder, artifact, per_user, miner), miner
+def mine_to(folder: Path, artifact: RetrieverArtifact, data: PreparedDataset,
+            config: RankerConfig) -> tuple[dict[str, Mined], dict[str, Any], RetrieverArtifact | None]:
+    """Mine into ``folder`` (training the holdout retriever under it first, when the config asks)."""
+    miner = train_holdout_retriever(artifact, data, folder / HOLDOUT) if config.holdout else None
+    mined = mine_splits(artifact, data, config, holdout=miner)
+    return mined, save_mined(mined, folder, artifact, config, miner), miner
 
 
 def _prepare(bundle: Path, data: PreparedDataset) -> tuple[RetrieverArtifact, FeatureSource]:
@@ -193,61 +205,31 @@ def _prepare(bundle: Path, data: PreparedDataset) -> tuple[RetrieverArtifact, Fe
                                    unit_item_vectors(artifact.model.item_vectors().detach()))
 
 
-KINDS = ("auto", "mlp", "lgbm")
-
-
 def default_mining_dir(bundle: Path) -> Path:
     return bundle.parent / f"{bundle.name}.mining"
 
 
-def train_ranker(bundle: Path, data: PreparedDataset, *, kind: str = "auto", depth: int = 100, per_user: int = 3,
-                 mined_dir: Path | None = None, holdout: bool = True, mlp: dict[str, Any] | None = None,
-                 lgbm: dict[str, Any] | None = None) -> dict[str, Any]:
+def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | None = None, *,
+                 mined_dir: Path | None = None, mlp: dict[str, Any] | None = None,
+                 lgbm: dict[str, Any] | None = None) -> RankerManifest:
     """Mine (or reuse ``mined_dir``), fit the ranker, evaluate it, write BUNDLE/ranker/.
 
-    holdout (the default): mine the training groups with a retriever that never trained on
-    them (`train_holdout_retriever`), kept in ``mined_dir`` (default BUNDLE.mining beside
-    the bundle) and reused. kind "auto" trains both rankers and keeps the one with the
+    Holdout mining (the default): the training groups come from a retriever that never trained
+    on them (`train_holdout_retriever`), kept in ``mined_dir`` (default BUNDLE.mining beside
+    the bundle) and reused. Kind "auto" trains both rankers and keeps the one with the
     higher validation NDCG@10; the test split plays no part in the choice.
     """
     started = time.perf_counter()
-    if kind not in KINDS:
-        raise SeqrecError(f"unknown ranker kind {kind!r}; choose one of {', '.join(KINDS)}")
+    config = config or RankerConfig()
+    if config.kind not in TRAINABLE_KINDS:
+        raise SeqrecError(f"unknown ranker kind {config.kind!r}; choose one of {', '.join(TRAINABLE_KINDS)}")
     artifact, source = _prepare(bundle, data)
-    split = data.split()
-    if holdout and mined_dir is None:
-        mined_dir = default_mining_dir(bundle)
-    if mined_dir is not None and (mined_dir / "mined.json").exists():
-        mined, _, miner = load_mined(mined_dir, artifact)
-        if holdout != (miner is not None):
-            raise SeqrecError(f"{mined_dir} was mined {'with' if miner else 'without'} the holdout retriever; "
-                              f"choose another --mined folder or --mining {'holdout' if miner else 'direct'}")
-    elif mined_dir is not None:
-        mined, _, miner = mine_to(mined_dir, artifact, data, depth=depth, per_user=per_user, holdout=holdout)
-    else:
-        mined, miner = mine_splits(artifact, data, depth=depth, per_user=per_user), None
-    depth = mined["train"].depth
-    sources = split_sources(split)
-    encode = user_encoder(artifact)
-    groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items() if n != "train"}
-    # A training group's features never count its own target: the statistics come from training
-    # positions without each user's last per_user (2 with holdout) items, and with holdout mining
-    # the vectors are those of the model that ranked the group.
-    held_out = 2 if miner is not None else per_user
-    train_tables = item_tables(data, split, drop_last=held_out).torch()
-    train_source = FeatureSource(train_tables, unit_item_vectors((miner or artifact).model.item_vectors().detach()))
-    groups["train"] = make_groups(mined["train"], sources["train"], user_encoder(miner or artifact),
-                                  (miner or artifact).max_len)
+    mined, miner = _mined_groups(bundle, artifact, data, config, mined_dir)
+    groups, train_source = _ranker_inputs(artifact, data, mined, miner, config)
     fitted: dict[str, tuple[Ranker, list[dict[str, Any]], float]] = {}
-    for name in ("lgbm", "mlp") if kind == "auto" else (kind,):
+    for name in ("lgbm", "mlp") if config.kind == "auto" else (config.kind,):
         fit_start = time.perf_counter()
-        ranker: Ranker
-        if name == "mlp":
-            config = config_for(source, int(artifact.manifest["dim"]), data.n_items, **(mlp or {}))
-            ranker, history = fit_mlp(config, source, groups["train"], groups["valid"], train_source=train_source)
-        else:
-            ranker, history = fit_lgbm_ranker(source, groups["train"], groups["valid"], params=lgbm,
-                                              train_source=train_source)
+        ranker, history = _fit(name, artifact, data, source, train_source, groups, mlp, lgbm)
         fitted[name] = (ranker, history, time.perf_counter() - fit_start)
     selection = {name: ndcg_at(group_ranks(r.score, source, groups["valid"], data.n_items, desc=f"select {name}"))
                  for name, (r, _, _) in fitted.items()}
@@ -258,19 +240,60 @@ def train_ranker(bundle: Path, data: PreparedDataset, *, kind: str = "auto", dep
         masked = _two_stage_metrics(ranker.score, source, groups, data.n_items, mask_ids=True)
         metrics["ids_masked"] = {s: masked[s] for s in ("valid", "test")}
     extra = {
-        "mining": {"depth": depth, "per_user": 2 if miner is not None else per_user,
-                   "train_mined_by": "holdout" if miner is not None else "retriever",
-                   "holdout_version": None if miner is None else miner.manifest["version"],
-                   "groups": {n: len(g) for n, g in mined.items()},
-                   f"recall@{depth}": {n: round(g.recall(), 6) for n, g in mined.items()}},
-        "selection": {"requested": kind, "chosen": chosen,
+        "mining": mining_record(mined, config, miner),
+        "selection": {"requested": config.kind, "chosen": chosen,
                       "valid_ndcg@10": {n: round(v, 6) for n, v in selection.items()}},
         "training": {"seconds": round(fit_seconds, 1), "total_seconds": round(time.perf_counter() - started, 1),
                      "history": history},
         "dataset": {"path": str(data.path), "sha256": data.manifest.get("sha256", {})},
     }
-    return write_ranker(bundle, ranker, item_tables(data, split), retriever_manifest=artifact.manifest,
+    return write_ranker(bundle, ranker, item_tables(data, data.split()), retriever_manifest=artifact.manifest,
                         metrics=metrics, extra=extra)
+
+
+def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDataset, config: RankerConfig,
+                  mined_dir: Path | None) -> tuple[dict[str, Mined], RetrieverArtifact | None]:
+    """The groups of ``mined_dir`` when it holds some (mined the way the config asks), else fresh ones."""
+    if config.holdout and mined_dir is None:
+        mined_dir = default_mining_dir(bundle)
+    if mined_dir is not None and (mined_dir / "mined.json").exists():
+        mined, _, miner = load_mined(mined_dir, artifact)
+        if config.holdout != (miner is not None):
+            raise SeqrecError(f"{mined_dir} was mined {'with' if miner else 'without'} the holdout retriever; "
+                              f"choose another --mined folder or --mining {'holdout' if miner else 'direct'}")
+        return mined, miner
+    if mined_dir is not None:
+        mined, _, miner = mine_to(mined_dir, artifact, data, config)
+        return mined, miner
+    return mine_splits(artifact, data, config), None
+
+
+def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: dict[str, Mined],
+                   miner: RetrieverArtifact | None, config: RankerConfig) -> tuple[dict[str, Groups], FeatureSource]:
+    """Every split's groups, and the feature source of the training groups.
+
+    A training group's features never count its own target: the statistics come from training
+    positions without each user's last per_user (2 with holdout) items, and with holdout mining
+    the vectors are those of the model that ranked the group.
+    """
+    split = data.split()
+    sources = split_sources(split)
+    encode = user_encoder(artifact)
+    groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items() if n != "train"}
+    train_tables = item_tables(data, split, drop_last=_per_user(config, miner)).torch()
+    trainer = miner or artifact
+    train_source = FeatureSource(train_tables, unit_item_vectors(trainer.model.item_vectors().detach()))
+    groups["train"] = make_groups(mined["train"], sources["train"], user_encoder(trainer), trainer.max_len)
+    return groups, train_source
+
+
+def _fit(name: str, artifact: RetrieverArtifact, data: PreparedDataset, source: FeatureSource,
+         train_source: FeatureSource, groups: dict[str, Groups], mlp: dict[str, Any] | None,
+         lgbm: dict[str, Any] | None) -> tuple[Ranker, list[dict[str, Any]]]:
+    if name == "mlp":
+        config = config_for(source, int(artifact.manifest["dim"]), data.n_items, **(mlp or {}))
+        return fit_mlp(config, source, groups["train"], groups["valid"], train_source=train_source)
+    return fit_lgbm_ranker(source, groups["train"], groups["valid"], params=lgbm, train_source=train_source)
 
 
 def _two_stage_metrics(scorer: Any, source: FeatureSource, groups: dict[str, Groups], n_items: int, *,
@@ -297,7 +320,7 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
         stage = "two-stage" if ranker_artifact is not None else "retriever"
     if stage == "two-stage" and ranker_artifact is None:
         raise SeqrecError(f"{bundle} holds no ranker; train one with `seqrec train-ranker` or use --stage retriever")
-    depth = depth or (int(ranker_artifact.manifest["mining"]["depth"]) if ranker_artifact else 100)
+    depth = depth or (int(ranker_artifact.manifest["mining"]["depth"]) if ranker_artifact else ranker_default("depth"))
     split = data.split()
     encode, sources = user_encoder(artifact), split_sources(split)
     plans = {"valid": (split.train, split.valid_targets), "test": (split.inputs("test"), split.test_targets)}

@@ -6,7 +6,7 @@ import torch
 
 from offline.data.sequences import Sequences
 from offline.data.split import leave_one_out
-from ranker.features import COLUMN, DENSE_FEATURES, ID_DERIVED, ItemTables, compute_features
+from ranker.features import COLUMN, DENSE_FEATURES, ID_DERIVED, FeatureBatch, ItemTables, compute_features
 from ranker.mining import mine, padded_slices, training_groups
 from ranker.train import FeatureSource, features, make_groups
 from retriever.index import IndexSpec, build_index, normalize
@@ -178,3 +178,44 @@ def test_follows_counts_by_hand_and_never_across_users() -> None:
     assert batch.dense[1, 0, col["follows_last"]] == 0.0  # 1 -> 2 would cross from one user to the next
     assert batch.dense[1, 1, col["follows_last"]] == pytest.approx(np.log1p(3))  # 1 -> 1: twice at lag 1, once at 2
     assert tables.follow_totals[2] == 2.0  # 2 -> 3, 2 -> 4
+
+
+def _pinned_batch() -> FeatureBatch:
+    """A seeded batch that exercises every column: unknown and masked candidates, an empty slot,
+    a padded history, metadata and an item without a year."""
+    rng = np.random.default_rng(7)
+    n_items, n_users = 40, 30
+    offsets = np.concatenate([[0], np.cumsum(rng.integers(2, 12, n_users))])
+    items = rng.integers(1, n_items - 4, offsets[-1])  # the last items never occur in training: unknown
+    meta = rng.integers(0, 6, (n_items + 1, 3))
+    meta[0] = 0
+    years = np.concatenate([[np.nan], rng.integers(1970, 2020, n_items).astype(float)])
+    years[5] = np.nan
+    tables = ItemTables.build(offsets, items, n_items, meta, years).torch()
+    g = torch.Generator().manual_seed(7)
+    vectors = torch.nn.functional.normalize(torch.randn(n_items + 1, 8, generator=g), dim=-1)
+    vectors[0] = 0
+    history = torch.randint(0, n_items + 1, (6, 9), generator=g)
+    history[0, :4] = 0
+    user = torch.nn.functional.normalize(torch.randn(6, 8, generator=g), dim=-1)
+    candidates = torch.randint(1, n_items + 1, (6, 15), generator=g)
+    candidates[1, -3:] = 0
+    scores = torch.sort(torch.rand(6, 15, generator=g), descending=True).values
+    mask = torch.rand(6, 15, generator=g) < 0.2
+    return compute_features(tables, vectors, history, user, candidates, scores, id_mask=mask)
+
+
+def test_feature_values_are_pinned() -> None:
+    """The numbers computed before `compute_features` was split into helpers: a refactor that moves
+    an operation (or a trained ranker's inputs drift) changes them."""
+    batch = _pinned_batch()
+    column_sums = [25.626287, 105.744505, 25.185194, 56.629922, 31.0, 32.647235, 1.031638, 2.553159, 0.193173, 87.0,
+                   46.251853, 192.662521, 430.0, 235.888887, 13.235464, 1.645455, 44.951692]
+    assert batch.dense.double().sum((0, 1)).tolist() == pytest.approx(column_sums, abs=2e-5)
+    assert float(batch.product.double().sum()) == pytest.approx(-3.503989, abs=2e-5)
+    assert float(batch.product.double().abs().sum()) == pytest.approx(38.506194, abs=2e-5)
+    assert int(batch.meta.sum()) == 732
+    assert int(batch.year_bucket.sum()) == 430
+    row = [0.0, 0.0, 0.0, 0.9266284108161926, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.4444444477558136, 2.3025851249694824,
+           3.0, 2.5555553436279297, 0.0, 0.0, 0.0]  # a masked candidate: ID-derived columns zeroed
+    assert batch.dense[2, 3].tolist() == pytest.approx(row, abs=1e-6)

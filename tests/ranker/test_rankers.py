@@ -11,7 +11,8 @@ import torch
 from offline.cli import main
 from offline.data.prepared import load_prepared
 from offline.jobs.rank import item_tables, mine_splits, split_sources, user_encoder
-from ranker.artifact import RankerError, load_ranker, unit_item_vectors, write_ranker
+from ranker.artifact import load_ranker, unit_item_vectors, write_ranker
+from ranker.config import RankerConfig
 from ranker.features import COLUMN
 from ranker.mlp import MLPRanker
 from ranker.train import (
@@ -25,7 +26,8 @@ from ranker.train import (
     make_groups,
     retriever_ranks,
 )
-from retriever.artifact import load_artifact
+from retriever.artifact import ArtifactError, load_artifact
+from retriever.errors import SeqrecError
 
 TINY = [
     "--model.d_model", "16", "--model.n_layers", "1", "--model.n_heads", "2", "--model.max_len", "10",
@@ -52,7 +54,7 @@ def bundle(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def setup(bundle: Path, prepared: Path):  # type: ignore[no-untyped-def]
     data = load_prepared(prepared)
     artifact = load_artifact(bundle)
-    mined = mine_splits(artifact, data, depth=20, per_user=2)
+    mined = mine_splits(artifact, data, RankerConfig(depth=20, per_user=2))
     sources = split_sources(data.split())
     encode = user_encoder(artifact)
     groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items()}
@@ -109,11 +111,12 @@ def test_a_ranker_from_another_retriever_or_a_corrupt_file_is_refused(setup, tmp
     bundle = tmp_path / "b"
     shutil.copytree(artifact.path, bundle)
     write_ranker(bundle, lgbm, item_tables(data, data.split()), retriever_manifest=artifact.manifest)
-    with pytest.raises(RankerError, match="mined from retriever"):
+    with pytest.raises(ArtifactError, match="mined from retriever") as info:
         load_ranker(bundle, {**artifact.manifest, "version": "another"})
+    assert isinstance(info.value, SeqrecError)  # one class for a bad artifact folder, under the one root
     model = bundle / "ranker" / "lgbm.txt"
     model.write_text(model.read_text()[:200])
-    with pytest.raises(RankerError, match="checksum"):
+    with pytest.raises(ArtifactError, match="checksum"):
         load_ranker(bundle, artifact.manifest)
 
 

@@ -11,7 +11,7 @@ import yaml
 
 from offline.cli import main
 from offline.jobs import rank as ranking
-from offline.jobs.pipeline import STAGES, load_pipeline_config
+from offline.jobs.pipeline import STAGES, PublishRecord, RunState, load_pipeline_config
 
 TINY_RETRIEVER = {
     "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10},
@@ -59,6 +59,9 @@ def test_pipeline_runs_every_stage_and_publishes_atomically(tmp_path: Path, caps
     assert bundle.ranker is not None
     assert bundle.ranker.kind == "lgbm"
     record = json.loads((current / "pipeline.json").read_text())
+    assert list(record) == ["config", "stages", "published_at"]  # the keys written before records were typed
+    assert list(record["config"]["ranker"]) == ["kind", "mining", "depth", "per_user"]
+    assert all(next(iter(stage)) == "seconds" for stage in record["stages"].values())
     assert list(record["stages"]) == list(STAGES[:-1])
     assert record["stages"]["evaluate"]["system"] == "two-stage"
     assert not (current / "run").exists()  # training checkpoints are not shipped
@@ -117,6 +120,20 @@ def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.Capt
 
 @pytest.mark.parametrize("name", ["demo", "ml-100k-download", "ml-1m", "beauty"])
 def test_committed_pipeline_configs_are_valid(name: str) -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     config = load_pipeline_config(root / "configs" / "pipeline" / f"{name}.yaml")
     assert config.retriever.is_file()  # the retriever config it names exists
+
+
+def test_an_old_pipeline_record_loads_and_writes_back_byte_for_byte() -> None:
+    # pipeline.json of `seqrec demo`, written before the records were pydantic models
+    text = (Path(__file__).parent / "fixtures" / "pipeline_v1.json").read_text()
+    record = PublishRecord.model_validate_json(text)
+    assert json.dumps(record.model_dump(), indent=2, default=str) == text
+    assert record.stages["train"].info["valid_ndcg@10"] == 0.65872
+    assert record.stages["train"].seconds == 64.8
+    state = RunState(config_path="demo.yaml", config=record.config, started_at="20260101T000000Z",
+                     stages=record.stages)
+    raw = json.loads(json.dumps(state.model_dump(), default=str))
+    assert list(raw) == ["config_path", "config", "started_at", "stages"]
+    assert RunState.model_validate(raw) == state

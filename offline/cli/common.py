@@ -1,0 +1,46 @@
+"""What every command group shares: the --debug/--quiet parent parser, --threads, --ks, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from retriever.errors import SeqrecError
+
+Handler = Callable[[argparse.Namespace], int]
+Subparsers = argparse._SubParsersAction
+
+
+def common_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show full tracebacks and debug logs")
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="only warnings and errors on stderr")
+    return common
+
+
+def set_threads(n: int | None) -> None:
+    if n is not None:
+        if n < 1:
+            raise SeqrecError(f"--threads must be >= 1, got {n}")
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise SeqrecError(f"--ks must be comma-separated integers, got {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise SeqrecError("--ks values must be >= 1")
+    return ks
+
+
+def print_json(result: dict[str, Any]) -> None:
+    """A command's result on stdout, as every command that reports JSON prints it."""
+    print(json.dumps(result, indent=2))

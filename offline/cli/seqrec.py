@@ -1,0 +1,79 @@
+"""The `seqrec` program: the parser built from every command group, and `main`'s error handling.
+
+Every subcommand has --help. Mistakes the user can fix (missing files, unknown columns,
+malformed lines) print one line naming the file and line and exit non-zero; a traceback
+appears only with --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from offline.cli.analyze import add_analyze_parser
+from offline.cli.common import Handler, Subparsers, common_parser
+from offline.cli.data import add_prepare_parser
+from offline.cli.pipeline import add_demo_parser, add_pipeline_parser
+from offline.cli.rank import add_mine_parser, add_train_ranker_parser
+from offline.cli.serve import add_serve_parser
+from offline.cli.train import add_evaluate_parser, add_export_parser, add_train_parser
+from retriever.errors import SeqrecError
+
+
+def _add_bench(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    from offline.cli.bench import add_bench_parser  # light at import: torch loads only when a bench runs
+
+    add_bench_parser(sub, common)
+
+
+# In the order `seqrec --help` lists them: the job's flow, then serving, benches and analysis.
+COMMANDS: tuple[Callable[[Subparsers, argparse.ArgumentParser], None], ...] = (
+    add_prepare_parser, add_train_parser, add_export_parser, add_evaluate_parser, add_mine_parser,
+    add_train_ranker_parser, add_pipeline_parser, add_demo_parser, add_serve_parser, _add_bench, add_analyze_parser,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = common_parser()
+    parser = argparse.ArgumentParser(
+        prog="seqrec", parents=[common],
+        description="seqrec: a two-stage sequential recommender (prepare data, train, evaluate, serve).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    debug = getattr(args, "debug", False)
+    level = logging.DEBUG if debug else logging.WARNING if getattr(args, "quiet", False) else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler: Handler = args.handler
+    try:
+        if getattr(args, "overrides", False):
+            from retriever.config import parse_cli_overrides
+
+            args.extra = parse_cli_overrides(extra)
+        return handler(args)
+    except KeyboardInterrupt:
+        print("seqrec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `seqrec ... | head`: the reader went away; nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as err:
+        if debug:
+            raise
+        user_error = isinstance(err, SeqrecError)
+        kind = "error" if user_error else f"internal error ({type(err).__name__})"
+        hint = "" if user_error else " (rerun with --debug for the traceback)"
+        print(f"seqrec: {kind}: {err}{hint}", file=sys.stderr)
+        return 1

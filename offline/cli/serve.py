@@ -1,0 +1,63 @@
+"""`seqrec serve`: the HTTP service on a published bundle."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from offline.cli.common import Subparsers
+from retriever.errors import SeqrecError, validation_message
+
+log = logging.getLogger("seqrec")
+
+
+def add_serve_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "serve", parents=[common], help="serve recommendations over HTTP (POST /recommend; docs at /docs)",
+        description="Start the HTTP service on the bundle ARTIFACTS/current names (or on a bundle folder). "
+        "Every option falls back to its SEQREC_* environment variable (SEQREC_REDIS_URL, SEQREC_API_KEY, "
+        "...; see service/settings.py); without a Redis URL, histories live in an in-process store.",
+    )
+    p.add_argument("--artifacts", type=Path, default=None, help="artifacts folder or bundle (SEQREC_ARTIFACTS)")
+    p.add_argument("--host", default=None, help="interface to bind (SEQREC_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (SEQREC_PORT, default 8000)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (SEQREC_WORKERS, default 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (SEQREC_THREADS)")
+    p.add_argument("--redis-url", default=None, help="history store, e.g. redis://localhost:6379/0")
+    p.add_argument("--max-batch", type=int, default=None, help="requests per forward pass (SEQREC_MAX_BATCH)")
+    p.add_argument("--max-wait-ms", type=float, default=None, help="micro-batch wait (SEQREC_MAX_WAIT_MS)")
+    p.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from pydantic import ValidationError
+
+    from service.app import create_app
+    from service.pipeline import BundleError, load_bundle, resolve_bundle
+    from service.settings import Settings
+
+    given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
+                                                    "max_batch", "max_wait_ms")}
+    given = {name: value for name, value in given.items() if value is not None}
+    try:
+        settings = Settings(**given)  # options override SEQREC_* variables
+    except ValidationError as err:
+        raise SeqrecError("invalid settings: " + validation_message(err, prefix="SEQREC_", upper=True)) from None
+    try:
+        path = resolve_bundle(settings.artifacts)
+        bundle = load_bundle(path) if settings.workers == 1 else None  # refuse a bad bundle before binding
+    except BundleError as err:
+        raise SeqrecError(str(err)) from None
+    log.info("serving %s on http://%s:%d (docs at /docs)", path, settings.host, settings.port)
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings, bundle=bundle), host=settings.host, port=settings.port,
+                    log_level=settings.log_level)
+    else:
+        for name, value in given.items():  # worker processes read their settings from the environment
+            os.environ[f"SEQREC_{name.upper()}"] = str(value)
+        uvicorn.run("service.app:create_app", factory=True, workers=settings.workers, host=settings.host,
+                    port=settings.port, log_level=settings.log_level)
+    return 0

@@ -1,0 +1,167 @@
+"""`seqrec train`, `seqrec export` and `seqrec evaluate`: the retriever and its evaluation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from offline.cli.common import Subparsers, parse_ks, print_json
+from retriever.errors import SeqrecError
+
+
+def add_train_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "train", parents=[common], help="train a retriever and write its artifact",
+        description="Train a sequence retriever on the training positions of a prepared dataset, early-stop "
+        "on validation NDCG@10, evaluate the best epoch on valid and test, and write a self-describing "
+        "artifact (weights, config, FAISS index, item ids, manifest with checksums) to --out. "
+        "Any config key can be overridden: --train.lr 3e-4 --model.d_model 64 --loss.name full.",
+        epilog="Training state for --resume and TensorBoard logs go to OUT/run (tensorboard --logdir OUT/run/tb).",
+    )
+    p.add_argument("--config", type=Path, default=None, help="YAML run config (default: built-in defaults)")
+    p.add_argument("--data", type=Path, required=True, help="prepared folder (from `seqrec prepare`)")
+    p.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/run/last.pt after an interruption")
+    p.add_argument("--seed", type=int, default=None, help="shorthand for --train.seed")
+    p.add_argument("--threads", type=int, default=None, help="shorthand for --train.threads (CPU)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="shorthand for --train.device")
+    p.add_argument("--index", choices=["flat", "hnsw", "ivf"], default="flat", help="FAISS index to export")
+    p.add_argument("--distributed", action="store_true",
+                   help="data-parallel training on several processes (docs/SCALE.md); needs torchrun, e.g. "
+                   "torchrun --nproc_per_node 2 -m offline.cli train --distributed ... (implied under torchrun)")
+    p.set_defaults(handler=_train, overrides=True)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from retriever.distributed import ENV, Distributed
+
+    dist = Distributed.from_env()
+    if args.distributed and dist is None:
+        raise SeqrecError(f"--distributed needs the {'/'.join(ENV)} variables that torchrun sets; launch with "
+                          "`torchrun --nproc_per_node N -m offline.cli train ...`")
+    if dist is not None and not dist.is_main:
+        logging.getLogger().setLevel(logging.WARNING)  # rank 0 tells the story; the others only warn
+
+    from offline.data.prepared import load_prepared
+    from offline.jobs.train import train_retriever
+    from retriever.config import load_config
+    from retriever.index import IndexSpec
+
+    overrides = list(args.extra)
+    for flag, key in (("seed", "train.seed"), ("threads", "train.threads"), ("device", "train.device")):
+        if getattr(args, flag) is not None:
+            overrides.append(f"{key}={getattr(args, flag)}")
+    config = load_config(args.config, overrides)
+    if (args.out / "manifest.json").exists() and not args.resume:
+        raise SeqrecError(f"{args.out} already holds an artifact; choose a new --out")
+    if (args.out / "run" / "last.pt").exists() and not args.resume:
+        raise SeqrecError(f"{args.out} holds an unfinished run; add --resume to continue it, or choose a new --out")
+    data = load_prepared(args.data)
+    manifest = train_retriever(config, data, args.out, resume=args.resume, index_spec=IndexSpec(kind=args.index),
+                               dist=dist)
+    if dist is not None and not dist.is_main:
+        return 0
+    summary = {"artifact": str(args.out), "version": manifest["version"], "training": manifest["training"],
+               **manifest["metrics"]}
+    print_json(summary)
+    return 0
+
+
+def add_export_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "export", parents=[common], help="rebuild an artifact's FAISS index (exact, HNSW or IVF)",
+        description="Write the artifact's L2-normalised item vectors into a new FAISS index and update the "
+        "manifest's checksum. Exact inner product (flat) by default; hnsw or ivf for large catalogues.",
+    )
+    p.add_argument("--artifact", type=Path, required=True, help="retriever artifact folder")
+    p.add_argument("--index", choices=["flat", "hnsw", "ivf", "auto"], default="flat",
+                   help="auto: exact up to 200,000 items, else HNSW with the measured defaults (docs/SCALE.md); "
+                   "the other options below then apply only when given")
+    p.add_argument("--hnsw-m", type=int, default=32, help="HNSW links per node")
+    p.add_argument("--ef-construction", type=int, default=200)
+    p.add_argument("--ef-search", type=int, default=128)
+    p.add_argument("--nlist", type=int, default=None, help="IVF lists (default about 4*sqrt(n_items))")
+    p.add_argument("--nprobe", type=int, default=32, help="IVF lists searched per query")
+    p.add_argument("--pq-m", type=int, default=None, help="IVF-PQ sub-quantizers (default: IVF-Flat)")
+    p.add_argument("--gpu-shard", action="store_true",
+                   help="on several GPUs, split the index across them instead of a full copy on each")
+    p.set_defaults(handler=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from retriever.artifact import rewrite_index
+    from retriever.index import IndexSpec, spec_for_catalogue
+
+    if args.index == "auto":
+        manifest = json.loads((args.artifact / "manifest.json").read_text()) if (
+            args.artifact / "manifest.json").is_file() else {}
+        if "n_items" not in manifest:
+            raise SeqrecError(f"{args.artifact} has no readable manifest.json with n_items")
+        spec = replace(spec_for_catalogue(int(manifest["n_items"])), gpu_shard=args.gpu_shard)
+    else:
+        spec = IndexSpec(kind=args.index, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
+                         ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
+                         gpu_shard=args.gpu_shard)
+    manifest = rewrite_index(args.artifact, spec)
+    print(f"exported {manifest['n_items']:,} items ({spec.kind}) -> {args.artifact / 'items.faiss'}")
+    return 0
+
+
+def add_evaluate_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "evaluate", parents=[common], help="full-ranking evaluation on the leave-one-out split",
+        description="Rank each user's validation and test target against every item (history excluded, "
+        "ties counted against the target) and print JSON with 'valid' and 'test' metrics. With --artifact, "
+        "'index' holds the same metrics computed from the artifact's FAISS index, as the service retrieves.",
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", choices=["popularity"], help="a baseline fitted on the training positions")
+    what.add_argument("--artifact", type=Path, help="a retriever artifact (from `seqrec train`)")
+    p.add_argument("--data", type=Path, required=True, help="prepared folder (from `seqrec prepare`)")
+    p.add_argument("--ks", default="1,5,10,20,50", help="cut-offs, comma separated")
+    p.add_argument("--batch-size", type=int, default=None, help="users per batch (default: by memory)")
+    p.add_argument("--no-index", action="store_true", help="skip the FAISS-index evaluation")
+    p.add_argument("--stage", choices=["auto", "retriever", "two-stage"], default="auto",
+                   help="with --artifact: the whole bundle (two-stage when it holds a ranker; the default) or the "
+                   "retriever alone")
+    p.add_argument("--depth", type=int, default=None,
+                   help="two-stage: retriever candidates per user (default: the ranker's mining depth)")
+    p.add_argument("--mask-ids", action="store_true",
+                   help="two-stage: score every candidate as an unknown item (cold-start simulation)")
+    p.set_defaults(handler=_evaluate)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from offline.data.prepared import load_prepared
+    from offline.evaluation.evaluate import evaluate_splits
+
+    ks = parse_ks(args.ks)
+    data = load_prepared(args.data)
+    if args.artifact is not None and args.stage != "retriever":
+        from offline.jobs.rank import evaluate_bundle
+        from ranker.artifact import FOLDER
+
+        if args.stage == "two-stage" or (args.artifact / FOLDER).exists():
+            result = evaluate_bundle(args.artifact, data, stage="two-stage", depth=args.depth,
+                                     mask_ids=args.mask_ids, ks=ks)
+            print_json({"data": str(args.data), **result})
+            return 0
+    if args.artifact is not None:
+        from offline.jobs.train import evaluate_artifact
+
+        result = evaluate_artifact(args.artifact, data, ks=ks, use_index=not args.no_index,
+                                   batch_size=args.batch_size)
+        print_json({"data": str(args.data), **result})
+        return 0
+    from retriever.popularity import Popularity
+
+    split = data.split()
+    model = Popularity.fit(split.train.items, data.n_items)
+    metrics = evaluate_splits(model.score, split, data.n_items, ks=ks, batch_size=args.batch_size)
+    result = {"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items, **metrics}
+    print_json(result)
+    return 0

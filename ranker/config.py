@@ -1,0 +1,77 @@
+"""How the second stage is mined and trained: the one place its defaults are written.
+
+`seqrec mine` and `seqrec train-ranker` take their flag defaults from here, the pipeline
+config's ``ranker:`` section is a `RankerConfig` (with the bounds a config file is held to),
+and `offline.jobs.rank.train_ranker` receives one. `MLPConfig` holds the MLP ranker's shape
+and training defaults. Nothing here imports torch, so the CLI can build its parser cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RankerKind = Literal["auto", "mlp", "lgbm", "none"]
+Mining = Literal["holdout", "direct"]
+# The kinds `train_ranker` fits; "none" exists only for a pipeline that ships the retriever alone.
+TRAINABLE_KINDS: tuple[str, ...] = ("auto", "mlp", "lgbm")
+MINING: tuple[str, ...] = ("holdout", "direct")
+MIN_DEPTH = 10  # the metrics' largest cut-off: fewer candidates could not fill a top-10
+MAX_DEPTH = 2000  # a pipeline config's ceiling
+HOLDOUT_PER_USER = 2  # the holdout retriever never saw each user's last two training items
+
+
+class RankerConfig(BaseModel):
+    """Which ranker to fit and how its training groups are mined."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: RankerKind = "auto"
+    mining: Mining = "holdout"
+    depth: int = 100  # candidates per group (N)
+    per_user: int = 3  # training targets per user (the most recent ones); HOLDOUT_PER_USER with holdout
+
+    @property
+    def holdout(self) -> bool:
+        return self.mining == "holdout"
+
+
+class RankerSection(RankerConfig):
+    """The pipeline config's ``ranker:`` section: a `RankerConfig` whose numbers a config file
+    must keep in range (the CLI leaves the range to `offline.jobs.rank.mine_splits`)."""
+
+    depth: int = Field(RankerConfig.model_fields["depth"].default, ge=MIN_DEPTH, le=MAX_DEPTH)
+    per_user: int = Field(RankerConfig.model_fields["per_user"].default, ge=1)
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    n_items: int
+    n_meta: int
+    n_year_buckets: int
+    dim: int  # retriever vector size
+    id_dim: int = 32
+    meta_dim: int = 16
+    year_dim: int = 8
+    hidden: tuple[int, ...] = (256, 128)
+    dropout: float = 0.1
+    id_dropout: float = 0.3
+    loss: Literal["listwise", "bce"] = "listwise"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    batch_size: int = 256  # groups per step
+    epochs: int = 30
+    patience: int = 3
+    seed: int = 42
+
+
+def ranker_default(name: str) -> Any:
+    """The default of one `RankerConfig` field (for CLI flags)."""
+    return RankerConfig.model_fields[name].default
+
+
+def mlp_default(name: str) -> Any:
+    """The default of one `MLPConfig` field (for CLI flags)."""
+    return next(f.default for f in fields(MLPConfig) if f.name == name)

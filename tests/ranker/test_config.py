@@ -1,0 +1,40 @@
+"""One RankerConfig: the CLI flags, the pipeline config and train_ranker share its defaults."""
+
+import pytest
+from pydantic import ValidationError
+
+from offline.cli import build_parser
+from offline.jobs.pipeline import PipelineConfig
+from ranker.config import MLPConfig, RankerConfig, RankerSection
+
+
+def _defaults(command: str) -> dict[str, object]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    return {a.dest: a.default for a in sub._actions}
+
+
+def test_the_commands_and_the_pipeline_take_the_same_defaults() -> None:
+    config = RankerConfig()
+    assert (config.kind, config.mining, config.depth, config.per_user) == ("auto", "holdout", 100, 3)
+    train_ranker = _defaults("train-ranker")
+    assert (train_ranker["kind"], train_ranker["mining"]) == (config.kind, config.mining)
+    mine = _defaults("mine")
+    for flags in (mine, train_ranker):
+        assert (flags["depth"], flags["per_user"]) == (config.depth, config.per_user)
+    assert mine["holdout"] is False  # `seqrec mine` alone mines directly unless asked
+    mlp = MLPConfig(n_items=1, n_meta=1, n_year_buckets=1, dim=1)
+    assert {k: train_ranker[k] for k in ("loss", "id_dropout", "epochs", "lr", "seed")} == {
+        "loss": mlp.loss, "id_dropout": mlp.id_dropout, "epochs": mlp.epochs, "lr": mlp.lr, "seed": mlp.seed}
+    section = PipelineConfig.model_validate({"name": "x", "data": {"dataset": "synthetic"}, "retriever": "r.yaml"})
+    assert section.ranker == RankerSection()
+    assert section.ranker.model_dump() == config.model_dump() == {"kind": "auto", "mining": "holdout", "depth": 100,
+                                                                  "per_user": 3}
+
+
+def test_a_pipeline_config_is_held_to_the_bounds_the_cli_leaves_to_mining() -> None:
+    for bad in ({"depth": 5}, {"depth": 2001}, {"per_user": 0}, {"kind": "forest"}, {"extra": 1}):
+        with pytest.raises(ValidationError):
+            RankerSection.model_validate(bad)
+    assert RankerConfig(depth=5000).depth == 5000  # the CLI's --depth has no ceiling; mining checks the floor
+    assert RankerConfig(mining="direct").holdout is False
