@@ -463,7 +463,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from offline.bench.models import add_bench_parser  # light at import: torch loads only when a bench runs
+    from offline.cli.bench import add_bench_parser  # light at import: torch loads only when a bench runs
 
     add_bench_parser(sub, common)
 
