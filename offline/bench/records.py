@@ -80,9 +80,6 @@ class BenchResults(BenchMeta):
     models: list[dict[str, Any]] = []
     runs: list[RunRecord] = []
 
-    @property
-    def meta(self) -> BenchMeta:
-        return BenchMeta.model_validate(self.model_dump(exclude={"models", "runs"}, exclude_unset=True))
 
 
 def read_results(path: Path) -> BenchResults:

@@ -6,7 +6,7 @@ For each replica count N: starts N service processes on free local ports (`servi
 under uvicorn, one worker and SEQREC_THREADS=1 each, as in the api container), then one nginx on
 docker/nginx.conf with its upstream `server api:8000 resolve` replaced by those N ports (there is
 no Docker DNS on the host; the rest of the file is used as it is), and waits for /readyz through
-nginx. Then `offline.bench.serve.max_sustained_rate` steps the offered open-loop rate up through
+nginx. Then `offline.bench.sweeps.max_sustained_rate` steps the offered open-loop rate up through
 --rates against nginx until a rate misses p99 <= 50 ms or has an error. Prints, per N, the highest
 rate held, p50/p99 there, the errors, how the requests were split across the replicas (from each
 replica's /metrics), and every run; writes it all as JSON to --out.
@@ -35,7 +35,7 @@ from typing import Any
 
 from offline.bench.load import P99_TARGET_MS, LoadResult, run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import DIRECT, free_port, is_ready, start_server_process, stop_process
+from offline.bench.processes import DIRECT, ServerError, free_port, is_ready, start_server_process, stop_process
 from offline.bench.sweeps import max_sustained_rate, report_table
 from offline.bench.tables import markdown_table
 
@@ -55,7 +55,7 @@ def nginx_version(binary: str = "nginx") -> tuple[int, ...]:
     out = subprocess.run([binary, "-v"], capture_output=True, text=True, check=True, timeout=10)
     found = re.search(r"nginx/(\d+(?:\.\d+)*)", out.stderr + out.stdout)
     if found is None:
-        raise RuntimeError(f"cannot read a version from `{binary} -v`: {out.stderr.strip()}")
+        raise ServerError(f"cannot read a version from `{binary} -v`: {out.stderr.strip()}")
     return tuple(int(part) for part in found.group(1).split("."))
 
 
@@ -111,7 +111,7 @@ def start_nginx(servers: Sequence[str], binary: str = "nginx", ready_timeout_s: 
                 if process.poll() is not None or time.monotonic() > deadline:
                     errors = (workdir / "error.log").read_text(errors="replace") if (workdir / "error.log").exists() \
                         else ""
-                    raise RuntimeError(f"nginx did not answer {url}/readyz (exit code {process.poll()}):\n"
+                    raise ServerError(f"nginx did not answer {url}/readyz (exit code {process.poll()}):\n"
                                        f"{errors[-2000:]}{output.read_text(errors='replace')[-2000:]}")
                 time.sleep(0.1)
             log.info("nginx ready at %s in front of %s", url, ", ".join(servers))
