@@ -81,9 +81,8 @@ class BenchResults(BenchMeta):
     runs: list[RunRecord] = []
 
 
-
 def read_results(path: Path) -> BenchResults:
-    """A results.json (or a bench --out folder holding one)."""
+    """A results.json, checked; a SeqrecError names the file and what is wrong in it."""
     try:
         return BenchResults.model_validate_json(path.read_text())
     except OSError as err:
