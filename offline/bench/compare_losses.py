@@ -14,6 +14,9 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from offline.bench.tables import markdown_table
 
 
 def variants(n_uniform: int) -> dict[str, list[str]]:
@@ -25,6 +28,12 @@ def variants(n_uniform: int) -> dict[str, list[str]]:
             "--loss.name", "sampled", "--loss.n_negatives", str(n_uniform)],
         "full softmax (cross-entropy over all items)": ["--loss.name", "full"],
     }
+
+
+def _row(name: str, manifest: dict[str, Any]) -> list[str]:
+    v, t, tr = manifest["metrics"]["valid"], manifest["metrics"]["test"], manifest["training"]
+    return [name, f"{v['NDCG@10']:.4f}", f"{v['HR@10']:.4f}", f"{t['NDCG@10']:.4f}", f"{t['HR@10']:.4f}",
+            str(tr["best_epoch"]), f"{tr['seconds_to_best']:.0f}", f"{tr['sequences_per_second']:.0f}"]
 
 
 def main() -> int:
@@ -49,12 +58,8 @@ def main() -> int:
             subprocess.run(command, check=True)
         manifest = json.loads((out / "manifest.json").read_text())
         rows.append((name, manifest))
-    print("| loss | valid NDCG@10 | valid HR@10 | test NDCG@10 | test HR@10 | best epoch | s to best | seq/s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, m in rows:
-        v, t, tr = m["metrics"]["valid"], m["metrics"]["test"], m["training"]
-        print(f"| {name} | {v['NDCG@10']:.4f} | {v['HR@10']:.4f} | {t['NDCG@10']:.4f} | {t['HR@10']:.4f} | "
-              f"{tr['best_epoch']} | {tr['seconds_to_best']:.0f} | {tr['sequences_per_second']:.0f} |")
+    head = ["loss", "valid NDCG@10", "valid HR@10", "test NDCG@10", "test HR@10", "best epoch", "s to best", "seq/s"]
+    print(markdown_table(head, [_row(name, m) for name, m in rows]))
     return 0
 
 

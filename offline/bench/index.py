@@ -40,6 +40,7 @@ import numpy as np
 from tqdm import tqdm
 
 from offline.bench.models import parse_ints
+from offline.bench.tables import markdown_table
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
 from retriever.index import IndexSpec, build_index, normalize, set_search_params
@@ -193,15 +194,16 @@ def markdown(report: dict[str, Any]) -> str:
              ""]
     for size in report["sizes"]:
         choice = size["choice"]
-        lines += [f"## {size['n_items']:,} items, dim {size['dim']}", "",
-                  f"| index | setting | build s | size MB | recall@{k} | batch-1 p50 ms | batch-1 p99 ms | "
-                  "batch-64 ms |", "|---|---|---|---|---|---|---|---|"]
+        head = ["index", "setting", "build s", "size MB", f"recall@{k}", "batch-1 p50 ms", "batch-1 p99 ms",
+                "batch-64 ms"]
+        rows = []
         for row in size["rows"]:
             setting = "exact" if row["param"] == "exact" else f"{row['param']}={row['value']}"
             mark = "**" if row is choice else ""
-            lines.append(f"| {mark}{row['structure']}{mark} | {setting} | {row['build_s']:.1f} | "
-                         f"{row['size_bytes'] / 2**20:.0f} | {row[f'recall@{k}']:.4f} | {row['batch1_p50_ms']:.3f} | "
-                         f"{row['batch1_p99_ms']:.3f} | {row['batch64_ms']:.2f} |")
+            rows.append([f"{mark}{row['structure']}{mark}", setting, f"{row['build_s']:.1f}",
+                         f"{row['size_bytes'] / 2**20:.0f}", f"{row[f'recall@{k}']:.4f}", f"{row['batch1_p50_ms']:.3f}",
+                         f"{row['batch1_p99_ms']:.3f}", f"{row['batch64_ms']:.2f}"])
+        lines += [f"## {size['n_items']:,} items, dim {size['dim']}", "", markdown_table(head, rows)]
         verdict = ("no approximate setting reached the target" if choice is None else
                    f"recommended: {choice['structure']} {choice['param']}={choice['value']} "
                    f"(recall@{k} {choice[f'recall@{k}']:.4f}, batch-1 p50 {choice['batch1_p50_ms']:.3f} ms)")

@@ -24,6 +24,7 @@ import torch
 
 from offline.bench.measure import count_parameters, timed
 from offline.bench.models import ModelSpec, parse_ints, resolve_models, shorthand_overrides
+from offline.bench.tables import markdown_table
 from retriever.atomic import atomic_write
 from retriever.config import load_config
 from retriever.errors import SeqrecError
@@ -98,14 +99,14 @@ def plot_latency(curves: Sequence[dict[str, Any]], path: Path, batch: int) -> No
 
 def latency_markdown(curves: Sequence[dict[str, Any]], lengths: Sequence[int], meta: dict[str, Any]) -> str:
     head = ["Model", "Params", *(f"L={n}" for n in lengths), "alpha"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for curve in curves:
         at = {p["length"]: p for p in curve["points"]}
         cells = [f"{at[n]['ms']:.1f} ms ({at[n]['sequences_per_second']:,.0f}/s)" if n in at else "—"
                  for n in lengths]
         alpha = f"{curve['alpha']:.2f}" if "alpha" in curve else "—"
         params = f"{curve['params']:,}" if "params" in curve else "—"
-        lines.append("| " + " | ".join([curve["model"], params, *cells, alpha]) + " |")
+        rows.append([curve["model"], params, *cells, alpha])
     errors = [f"- {c['model']}: {c['error']}" for c in curves if "error" in c]
     return "\n\n".join([
         "# Inference latency against sequence length",
@@ -115,7 +116,7 @@ def latency_markdown(curves: Sequence[dict[str, Any]], lengths: Sequence[int], m
         f"`Retriever.user_vectors` in inference mode, median of {meta['reps']} repetitions after "
         f"{meta['warmup']} warm-up call(s), on {meta['device']} with {meta['threads']} thread(s). alpha: slope of "
         "log latency against log length (`np.polyfit`); 1 is linear, 2 quadratic.",
-        "\n".join(lines),
+        markdown_table(head, rows),
         *(["Stopped early:\n" + "\n".join(errors)] if errors else []),
         "![latency](latency.png)",
     ]) + "\n"

@@ -6,7 +6,7 @@ For each replica count N: starts N service processes on free local ports (`servi
 under uvicorn, one worker and SEQREC_THREADS=1 each, as in the api container), then one nginx on
 docker/nginx.conf with its upstream `server api:8000 resolve` replaced by those N ports (there is
 no Docker DNS on the host; the rest of the file is used as it is), and waits for /readyz through
-nginx. Then `offline.bench.serve.max_sustained_rate` steps the offered open-loop rate up through
+nginx. Then `offline.bench.sweeps.max_sustained_rate` steps the offered open-loop rate up through
 --rates against nginx until a rate misses p99 <= 50 ms or has an error. Prints, per N, the highest
 rate held, p50/p99 there, the errors, how the requests were split across the replicas (from each
 replica's /metrics), and every run; writes it all as JSON to --out.
@@ -29,30 +29,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from offline.bench.serve import (
-    P99_TARGET_MS,
-    LoadResult,
-    free_port,
-    load_catalogue,
-    max_sustained_rate,
-    payloads_from_catalogue,
-    report_table,
-    run_load,
-    start_server_process,
-    stop_process,
-)
+from offline.bench.load import P99_TARGET_MS, LoadResult, run_load
+from offline.bench.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.processes import DIRECT, ServerError, free_port, is_ready, start_server_process, stop_process
+from offline.bench.sweeps import max_sustained_rate, report_table
+from offline.bench.tables import markdown_table
 
 NGINX_CONF = Path(__file__).resolve().parents[2] / "docker" / "nginx.conf"
 APP = "service.app:create_app"
 UPSTREAM_SERVER = re.compile(r"^(?P<indent>[ \t]*)server api:8000(?: resolve)?;[ \t]*$", re.MULTILINE)
 TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through an HTTP(S)_PROXY
 
 log = logging.getLogger("bench.replicas")
 
@@ -65,7 +55,7 @@ def nginx_version(binary: str = "nginx") -> tuple[int, ...]:
     out = subprocess.run([binary, "-v"], capture_output=True, text=True, check=True, timeout=10)
     found = re.search(r"nginx/(\d+(?:\.\d+)*)", out.stderr + out.stdout)
     if found is None:
-        raise RuntimeError(f"cannot read a version from `{binary} -v`: {out.stderr.strip()}")
+        raise ServerError(f"cannot read a version from `{binary} -v`: {out.stderr.strip()}")
     return tuple(int(part) for part in found.group(1).split("."))
 
 
@@ -100,14 +90,6 @@ def nginx_command(conf: Path, workdir: Path, binary: str = "nginx") -> list[str]
             "-g", f"daemon off; pid {workdir / 'nginx.pid'};"]
 
 
-def _ready(url: str) -> bool:
-    try:
-        with DIRECT.open(f"{url}/readyz", timeout=1.0) as response:
-            return bool(200 <= response.status < 300)
-    except (OSError, urllib.error.URLError):
-        return False
-
-
 @contextlib.contextmanager
 def start_nginx(servers: Sequence[str], binary: str = "nginx", ready_timeout_s: float = 30.0) -> Iterator[str]:
     """nginx on docker/nginx.conf in front of ``servers`` on a free local port; yields its URL once
@@ -125,11 +107,11 @@ def start_nginx(servers: Sequence[str], binary: str = "nginx", ready_timeout_s: 
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + ready_timeout_s
-            while not _ready(url):
+            while not is_ready(url):
                 if process.poll() is not None or time.monotonic() > deadline:
                     errors = (workdir / "error.log").read_text(errors="replace") if (workdir / "error.log").exists() \
                         else ""
-                    raise RuntimeError(f"nginx did not answer {url}/readyz (exit code {process.poll()}):\n"
+                    raise ServerError(f"nginx did not answer {url}/readyz (exit code {process.poll()}):\n"
                                        f"{errors[-2000:]}{output.read_text(errors='replace')[-2000:]}")
                 time.sleep(0.1)
             log.info("nginx ready at %s in front of %s", url, ", ".join(servers))
@@ -175,24 +157,23 @@ def measure(n_replicas: int, payloads: list[dict[str, Any]], env: dict[str, str]
 def summary_table(rows: Sequence[dict[str, Any]], p99_ms: float) -> str:
     head = ["replicas", f"max rate r/s (p99 <= {p99_ms:g} ms, 0 errors)", "p50 ms", "p99 ms", "throughput r/s",
             "errors in sweep", "next rate: p99 ms / errors", "sweep requests per replica"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for row in rows:
         top, failed = row["top"], row["stopped_at"]
         errors = sum(run["errors"] for run in row["sweep"])
         stop = "none (top of --rates)" if failed is None else \
             f"{failed['rate']:g} r/s: {failed['p99_ms'] or float('nan'):.2f} / {failed['errors']}"
-        cells = [str(row["replicas"]), "none" if top is None else f"{top['rate']:g}",
-                 "" if top is None else f"{top['p50_ms']:.2f}", "" if top is None else f"{top['p99_ms']:.2f}",
-                 "" if top is None else f"{top['throughput']:.1f}", str(errors), stop,
-                 " / ".join(str(n) for n in row["requests_per_replica"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        lines.append([str(row["replicas"]), "none" if top is None else f"{top['rate']:g}",
+                      "" if top is None else f"{top['p50_ms']:.2f}", "" if top is None else f"{top['p99_ms']:.2f}",
+                      "" if top is None else f"{top['throughput']:.1f}", str(errors), stop,
+                      " / ".join(str(n) for n in row["requests_per_replica"])])
+    return markdown_table(head, lines) + "\n"
 
 
 # --------------------------------------------------------------------------- main
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, required=True, help="artifacts folder (its current) or a bundle")
     parser.add_argument("--replicas", default="1,2", help="replica counts to measure, e.g. 1,2,4")
@@ -213,6 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "store")
     parser.add_argument("--nginx", default="nginx", help="nginx binary (apt-get install nginx)")
     parser.add_argument("--out", type=Path, default=Path("replicas.json"), help="JSON report")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 

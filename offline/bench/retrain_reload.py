@@ -3,7 +3,7 @@
     python -m offline.bench.retrain_reload --artifacts /tmp/rollout --config configs/pipeline/demo.yaml --rate 50
 
 Publishes a first bundle with `seqrec pipeline` (unless ARTIFACTS/current exists), starts the
-service on ARTIFACTS, offers it a steady open-loop load (`offline.bench.serve.run_load`) while
+service on ARTIFACTS, offers it a steady open-loop load (`offline.bench.load.run_load`) while
 `seqrec pipeline` trains and publishes a new version in a separate process, then calls
 `POST /admin/reload`, and keeps the load on for --tail seconds after. Prints the load figures
 (sent, ok, errors by kind, p50/p99) and the model versions before and after, as JSON.
@@ -30,8 +30,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="training threads")
     args = parser.parse_args()
 
-    from offline.bench.open_loop import get_json, post_json
-    from offline.bench.serve import load_catalogue, payloads_from_catalogue, run_load, start_server
+    from offline.bench.load import get_json, post_json, run_load
+    from offline.bench.payloads import load_catalogue, payloads_from_catalogue
+    from offline.bench.processes import start_server
 
     seqrec = [sys.executable, "-m", "offline.cli"]
     pipeline = [*seqrec, "pipeline", "--config", str(args.config), "--out", str(args.artifacts),

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from offline.bench.tables import markdown_header, markdown_row
 from offline.data.prepared import load_prepared
 from retriever.config import RunConfig, load_config
 from retriever.losses import LossContext, item_log_prob
@@ -140,9 +141,9 @@ def main() -> int:
     split = data.split()
     windows = torch.from_numpy(make_windows(split.train.offsets, split.train.items, config.max_len(data.n_items)))
     sample = windows[torch.randperm(len(windows), generator=torch.Generator().manual_seed(0))[:args.windows], :-1]
-    print("| seed | epoch | loss | valid NDCG@10 | grad-norm window means | largest step | state norms "
-          "(embeddings, then each step) | median grad: item table, first attention |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(markdown_header(["seed", "epoch", "loss", "valid NDCG@10", "grad-norm window means", "largest step",
+                           "state norms (embeddings, then each step)",
+                           "median grad: item table, first attention"]))
     for seed in [int(s) for s in args.seeds.split(",")]:
         out = args.out / f"seed{seed}"
         command = [sys.executable, "-m", "offline.cli", "train", "--config", str(args.config), "--data",
@@ -159,10 +160,11 @@ def main() -> int:
         model.load_state_dict(saved["model"])
         states = state_norms(model, sample)
         grads = parameter_grads(model, config, windows, split.train.items, data.n_items, args.batches)
-        print(f"| {seed} | {record['epoch']} | {record['loss']:.2f} | {record['valid']['NDCG@10']:.4f} | "
-              f"{min(means):.1f}-{max(means):.1f} | {norms[args.settle:].max():,.1f} | "
-              f"{', '.join(f'{n:.1f}' for n in states)} | "
-              f"{grads['encoder.item_emb.weight']:.1f}, {grads['encoder.blocks.0.attn.qkv.weight']:.1f} |")
+        print(markdown_row([seed, record["epoch"], f"{record['loss']:.2f}", f"{record['valid']['NDCG@10']:.4f}",
+                            f"{min(means):.1f}-{max(means):.1f}", f"{norms[args.settle:].max():,.1f}",
+                            ", ".join(f"{n:.1f}" for n in states),
+                            f"{grads['encoder.item_emb.weight']:.1f}, "
+                            f"{grads['encoder.blocks.0.attn.qkv.weight']:.1f}"]))
     return 0
 
 

@@ -1,5 +1,252 @@
-"""`seqrec bench`: the benchmark command group (its parser lives with the benches)."""
+"""`seqrec bench ...`: the command group of the benchmarks, one small builder per subcommand.
 
-from offline.bench.models import add_bench_parser
+Light at import: each handler imports its bench (torch, faiss, matplotlib, the load client) only
+when it runs, so `seqrec --help` stays fast. The flags several subcommands share are added by the
+``_add_*`` helpers below, so a shared flag is spelt, defaulted and documented once.
+"""
 
-__all__ = ["add_bench_parser"]
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+SubParsers = argparse._SubParsersAction  # argparse exposes no public name for it
+DEVICES = ["auto", "cpu", "cuda"]
+
+
+# --------------------------------------------------------------------------- shared flags
+
+
+def _add_config_lookup(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--configs-dir", type=Path, default=Path("configs"), help="where <dataset>/<model>.yaml live")
+    p.add_argument("--dataset-name", default=None, help="config folder to use (default: the --data folder's name)")
+
+
+def _add_set(p: argparse.ArgumentParser, help_text: str = "config override (repeatable)") -> None:
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help=help_text)
+
+
+def _add_shorthands(p: argparse.ArgumentParser) -> None:
+    """--threads and --device: shorthands for the train.threads and train.device overrides."""
+    p.add_argument("--threads", type=int, default=None, help="shorthand for --set train.threads=N")
+    p.add_argument("--device", choices=DEVICES, default=None, help="shorthand for train.device")
+
+
+def _add_load_window(p: argparse.ArgumentParser, *, duration_help: str, warmup_help: str) -> None:
+    """The open-loop load's measured seconds and the warm-up before them."""
+    p.add_argument("--duration", type=float, default=10.0, help=duration_help)
+    p.add_argument("--warmup", type=float, default=2.0, help=warmup_help)
+
+
+def _add_bodies(p: argparse.ArgumentParser, *, min_len: int, max_len: int, what: str) -> None:
+    """The load's distinct request bodies and their history lengths (``what``: "history", "request history")."""
+    p.add_argument("--requests", type=int, default=500, help="distinct request bodies")
+    p.add_argument("--min-len", type=int, default=min_len, help=f"shortest {what}")
+    p.add_argument("--max-len", type=int, default=max_len, help=f"longest {what}")
+
+
+def _add_seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0)
+
+
+# --------------------------------------------------------------------------- subcommands
+
+
+def add_bench_parser(sub: SubParsers, common: argparse.ArgumentParser) -> None:
+    """`seqrec bench` (train and evaluate models over seeds) and its tools: merge, latency, serve, index, scale."""
+    p = sub.add_parser(
+        "bench", parents=[common], help="train and evaluate several backbones over seeds; write the tables",
+        description="Train every model with its committed config (CONFIGS_DIR/<dataset>/<model>.yaml) once per "
+        "seed, evaluate valid and test with full ranking, measure parameters, FLOPs and speed, and write "
+        "OUT/results.{md,json,csv}: mean ± std over seeds. Runs go to OUT/runs/<model>/seed<seed>; "
+        "rerunning skips finished runs and resumes interrupted ones; a failing model gets an error row.",
+        epilog="`seqrec bench latency --help`: forward latency and throughput against sequence length.",
+    )
+    p.add_argument("--data", type=Path, help="prepared folder (from `seqrec prepare`)")
+    p.add_argument("--models", help="comma-separated config names (e.g. sasrec,transformer) or YAML paths")
+    p.add_argument("--seeds", default="42,123,2023", help="comma-separated training seeds")
+    p.add_argument("--out", type=Path, help="folder for the tables and runs")
+    _add_config_lookup(p)
+    p.add_argument("--max-epochs", type=int, default=None, help="cap train.epochs (quick comparisons)")
+    p.add_argument("--budget-minutes", type=float, default=None,
+                   help="wall-clock cap per run: stop after the epoch that crosses it, keep the best epoch")
+    p.add_argument("--infer-batch", type=int, default=256, help="test users per timed inference batch")
+    _add_set(p, "config override for every model (repeatable), e.g. --set train.patience=5")
+    _add_shorthands(p)
+    p.set_defaults(handler=_run_bench)
+    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve,index,merge,scale}", required=False)
+    for add in (_add_merge, _add_latency, _add_serve, _add_index, _add_scale):
+        add(tools, common)
+
+
+def _add_merge(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    merge = tools.add_parser(
+        "merge", parents=[common], help="one table from several bench outputs on the same data",
+        description="Read the per-run records of several `seqrec bench` outputs (same dataset and limits; "
+        "each (model, seed) once) and write OUT/results.{md,json,csv} from them, nothing retrained.",
+    )
+    merge.add_argument("--from", dest="sources", type=Path, action="append", required=True,
+                       help="a bench --out folder or its results.json (repeatable; models keep this order)")
+    merge.add_argument("--out", type=Path, required=True, help="folder for the merged tables")
+    merge.add_argument("--remark", action="append", help="a paragraph for the table's text (repeatable)")
+    merge.add_argument("--min-seeds", type=int, default=0,
+                       help="keep only models with at least this many finished seeds (complete rows)")
+    merge.add_argument("--models", default=None,
+                       help="comma-separated: only these models' runs (e.g. to keep unfinished rows apart)")
+    merge.set_defaults(handler=_run_merge)
+
+
+def _add_latency(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    lat = tools.add_parser(
+        "latency", parents=[common], help="forward latency and throughput against sequence length",
+        description="Build each model from its config with max_len set to the longest length and randomly "
+        "initialised weights (latency does not depend on training), time the inference forward (user "
+        "vectors; median of --reps after --warmup, inference mode) of a batch of random histories at each "
+        "length, fit the log-log slope alpha, and write OUT/latency.{json,md,png}.",
+    )
+    lat.add_argument("--models", required=True, help="comma-separated config names or YAML paths")
+    lat.add_argument("--lengths", default="64,128,256,512,1024,1536", help="comma-separated sequence lengths")
+    lat.add_argument("--batch", type=int, default=32, help="sequences per timed batch")
+    lat.add_argument("--out", type=Path, required=True, help="folder for latency.{json,md,png}")
+    lat.add_argument("--data", type=Path, default=None,
+                     help="prepared folder: catalogue size and default dataset name (optional)")
+    _add_config_lookup(lat)
+    lat.add_argument("--n-items", type=int, default=10_000, help="catalogue size without --data")
+    lat.add_argument("--reps", type=int, default=10, help="timed repetitions per length")
+    lat.add_argument("--warmup", type=int, default=3, help="untimed repetitions per length")
+    _add_set(lat)
+    _add_shorthands(lat)
+    lat.set_defaults(handler=_run_latency)
+
+
+def _add_serve(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    srv = tools.add_parser(
+        "serve", parents=[common], help="open-loop HTTP load against the service and a no-op FastAPI app",
+        description="Start the service (one uvicorn process per bundle) and a no-op FastAPI app, offer each "
+        "the same request bodies at fixed open-loop rates (latency counted from each request's due time), "
+        "and write OUT/serve.{json,md}: p99 at --check-rate, the highest rate held with p99 <= 50 ms and 0 "
+        "errors, and its ratio to the no-op app's.",
+    )
+    srv.add_argument("--artifact", type=Path, action="append", required=True,
+                     help="bundle to serve (repeatable: one row per bundle)")
+    srv.add_argument("--out", type=Path, required=True, help="folder for serve.{json,md}")
+    srv.add_argument("--rates", default="50,100,150,200,300,400,600,800,1200,1600,2400,3200,4800",
+                     help="offered rates (requests/s), stepped up until one fails the target")
+    srv.add_argument("--check-rate", type=float, default=100.0, help="the rate whose p99 is reported")
+    _add_load_window(srv, duration_help="seconds measured per rate", warmup_help="seconds per rate before measuring")
+    srv.add_argument("--arrivals", choices=["poisson", "uniform"], default="poisson")
+    srv.add_argument("--timeout", type=float, default=2.0, help="request timeout (counts as an error)")
+    _add_bodies(srv, min_len=50, max_len=200, what="history")
+    srv.add_argument("--k", type=int, default=10)
+    srv.add_argument("--candidates", type=int, default=200)
+    srv.add_argument("--no-rerank", action="store_true", help="retrieval only")
+    srv.add_argument("--personalize", action="store_true", help="every request asks for PCRec-simple")
+    srv.add_argument("--threads", type=int, default=1, help="server torch threads")
+    srv.add_argument("--max-batch", type=int, default=32, help="server micro-batch size")
+    srv.add_argument("--max-wait-ms", type=float, default=2.0, help="server micro-batch wait")
+    _add_seed(srv)
+    srv.set_defaults(handler=_run_serve)
+
+
+def _add_index(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    idx = tools.add_parser(
+        "index", parents=[common], help="build time, size, latency and recall of FAISS indexes per catalogue size",
+        description="For each --sizes catalogue, build the exact index and each approximate structure, sweep "
+        "its search parameter, and write OUT/index.{json,md}: build seconds, serialised size, recall@k against "
+        "exact search, batch-1 p50/p99 and batch-64 latency, and the cheapest setting reaching --target-recall.",
+    )
+    idx.add_argument("--out", type=Path, required=True, help="folder for index.{json,md}")
+    idx.add_argument("--sizes", default="100000,1000000", help="comma-separated catalogue sizes")
+    idx.add_argument("--structures", default="hnsw,ivf,ivfpq",
+                     help="of hnsw, ivf, ivfpq (flat, the exact reference, always runs)")
+    idx.add_argument("--distribution", choices=["clustered", "gaussian"], default="clustered",
+                     help="synthetic catalogue shape (ignored with --artifact or --vectors)")
+    idx.add_argument("--spread", type=float, default=1.0,
+                     help="clustered: noise scale around each centre (0 = points on the centres)")
+    idx.add_argument("--dim", type=int, default=64, help="synthetic vector dimension")
+    idx.add_argument("--artifact", type=Path, default=None, help="use this bundle's item vectors (first --sizes rows)")
+    idx.add_argument("--vectors", type=Path, default=None, help="use an (n, d) .npy matrix")
+    idx.add_argument("--queries", type=int, default=2000, help="held-out queries for recall")
+    idx.add_argument("--latency-queries", type=int, default=500, help="single-query searches timed for batch-1")
+    idx.add_argument("--k", type=int, default=100, help="neighbours per query (recall@k)")
+    idx.add_argument("--target-recall", type=float, default=0.98)
+    idx.add_argument("--threads", type=int, default=1, help="search threads (the service searches on one)")
+    idx.add_argument("--build-threads", type=int, default=os.cpu_count() or 1)
+    idx.add_argument("--max-latency-ms", type=float, default=20.0, help="stop a sweep past this batch-1 p50")
+    _add_seed(idx)
+    idx.set_defaults(handler=_run_index)
+
+
+def _add_scale(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    scl = tools.add_parser(
+        "scale", parents=[common], help="training time, serving p99 and memory against data and catalogue size",
+        description="Three scaling curves with fitted log-log slopes: seconds of one training epoch against "
+        "interactions (synthetic data, fixed catalogue); p50/p99 of an open-loop load on a served random-init "
+        "bundle against catalogue size; training peak RSS (fixed steps and batch) and server RSS against "
+        "catalogue size, beside the item tables' bytes. Each training point runs in its own process. Writes "
+        "OUT/scale.{json,md} and OUT/{train_time,serve_p99,memory}.png.",
+    )
+    scl.add_argument("--out", type=Path, required=True, help="folder for scale.{json,md} and the PNGs")
+    scl.add_argument("--config", type=Path, default=Path("configs/synthetic/transformer.yaml"),
+                     help="run config to train and serve")
+    scl.add_argument("--curves", default="train,serve,memory", help="comma-separated subset of train,serve,memory")
+    scl.add_argument("--interactions", default="100000,1000000,10000000", help="training curve sizes (1e5 works)")
+    scl.add_argument("--train-items", type=int, default=100_000, help="fixed catalogue of the training curve")
+    scl.add_argument("--mean-length", type=float, default=20.0, help="mean synthetic sequence length")
+    scl.add_argument("--valid-users", type=int, default=256, help="fixed users validated after each epoch")
+    scl.add_argument("--catalogues", default="10000,100000,1000000", help="catalogue sizes (serving and memory)")
+    scl.add_argument("--rate", type=float, default=50.0, help="offered requests/s (open loop, Poisson)")
+    _add_load_window(scl, duration_help="seconds measured per catalogue",
+                     warmup_help="seconds of load before measuring")
+    _add_bodies(scl, min_len=20, max_len=50, what="request history")
+    scl.add_argument("--index", choices=["auto", "flat", "hnsw", "ivf"], default="auto",
+                     help="the serving bundles' index (auto: exact up to 200,000 items, else HNSW)")
+    scl.add_argument("--memory-steps", type=int, default=20, help="training steps per memory point (about)")
+    scl.add_argument("--threads", type=int, default=1, help="torch threads for training, serving and index builds")
+    scl.add_argument("--point-timeout", type=float, default=3600.0,
+                     help="seconds a training process or a server start may take before its point fails")
+    _add_seed(scl)
+    _add_set(scl)
+    scl.add_argument("--keep-work", action="store_true", help="keep OUT/work (data, runs, bundles)")
+    scl.add_argument("--note", default="", help="a line for the notes (e.g. where the figures were taken)")
+    scl.set_defaults(handler=_run_scale)
+
+
+# --------------------------------------------------------------------------- handlers (imports load here)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from offline.bench.models import run_bench  # torch and the training stack load only here
+
+    return run_bench(args)
+
+
+def _run_merge(args: argparse.Namespace) -> int:
+    from offline.bench.models import run_merge
+
+    return run_merge(args)
+
+
+def _run_latency(args: argparse.Namespace) -> int:
+    from offline.bench.latency import run_latency  # matplotlib and the timing loop load only here
+
+    return run_latency(args)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from offline.bench.serve import run_serve_bench  # the load client loads only here
+
+    return run_serve_bench(args)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from offline.bench.index import run_index_bench  # faiss loads only here
+
+    return run_index_bench(args)
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    from offline.bench.scale import run_scale  # torch, faiss and matplotlib load only here
+
+    return run_scale(args)

@@ -1,15 +1,12 @@
 """Real components for the service tests: a uvicorn process serving the app, a throwaway redis-server,
-free ports, and the tiny bundles the tests serve."""
+free ports, and the tiny bundles the tests serve. The processes are started by `offline.bench.processes`,
+the same helpers the benches use."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from offline.bench.faults import break_bundle
+from offline.bench.bad_push import break_bundle
+from offline.bench.processes import RedisProcess, ServerError, UvicornProcess
+from offline.bench.processes import free_port as free_port  # re-exported: the service tests take it from here
+from offline.bench.processes import listening as listening
 from offline.cli import main as seqrec
 
 SHARED_REDIS = "redis://127.0.0.1:6379/15"
@@ -31,16 +31,7 @@ TINY_MODEL = [
 ]
 
 
-def listening(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex((host, port)) == 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+RedisServer = RedisProcess  # a throwaway redis-server without a folder: nothing on disk, a restart comes back empty
 
 
 def prepare_synthetic(out: Path) -> Path:
@@ -78,7 +69,7 @@ def mismatch_shapes(bundle: Path) -> None:
     break_bundle(bundle, "shapes")
 
 
-class Server:
+class Server(UvicornProcess):
     """``uvicorn service.app:create_app --factory`` on a free port, configured by ``SEQREC_*`` variables only.
 
     It runs from ``workdir`` (so no ``.env`` of the checkout leaks in), logs to ``workdir/server.log``, and
@@ -87,51 +78,24 @@ class Server:
     def __init__(self, workdir: Path, **settings: str) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "server.log"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SEQREC_")}
-        self.env.update({"SEQREC_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
-        self.env.update({f"SEQREC_{name.upper()}": value for name, value in settings.items()})
-        self.proc: subprocess.Popen[bytes] | None = None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SEQREC_")}
+        env.update({"SEQREC_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+        env.update({f"SEQREC_{name.upper()}": value for name, value in settings.items()})
+        super().__init__("service.app:create_app", env, workdir / "server.log", cwd=workdir, grace_s=15.0)
 
     def launch(self) -> Server:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
-                 "--port", str(self.port), "--log-level", "warning"],
-                env=self.env, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
-            )
+        super().launch()
         return self
 
     def wait_ready(self, timeout_s: float = 90.0) -> Server:
-        assert self.proc is not None, "launch() first"
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the server exited with {self.proc.returncode} before it was ready:\n{self.log_text()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"the server was not ready within {timeout_s:.0f} s:\n{self.log_text()}")
-            time.sleep(0.05)
+        try:
+            super().wait_ready(timeout_s)
+        except ServerError as err:
+            pytest.fail(f"{err}\n(the whole log: {self.log})")
+        return self
 
     def start(self) -> Server:
         return self.launch().wait_ready()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
 
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 30.0), **kwargs)
@@ -180,30 +144,3 @@ def metric_samples(text: str, name: str) -> dict[str, float]:
         if match:
             samples[match.group(1) or ""] = float(match.group(2))
     return samples
-
-
-class RedisServer:
-    """A throwaway redis-server on a fixed port, with nothing on disk, that can be killed and restarted."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 5
-        while not listening(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {self.port}")
-            time.sleep(0.01)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # SIGKILL: no goodbye to the clients
-            self.proc.wait()
-        self.proc = None

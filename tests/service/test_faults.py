@@ -1,7 +1,6 @@
-"""Faults under open-loop load against a real uvicorn process: short runs of `offline.bench.faults` and
-`offline.bench.soak_load`, the code that `offline.bench.redis_faults`, `offline.bench.bad_push` and
-`offline.bench.soak` run at full length. Redis is a redis-server of the test's own, killed with SIGKILL and
-restarted."""
+"""Faults under open-loop load against a real uvicorn process: short runs of the scenarios that
+`offline.bench.redis_faults`, `offline.bench.bad_push` and `offline.bench.soak` run at full length. Redis is a
+redis-server of the test's own, killed with SIGKILL and restarted."""
 
 from __future__ import annotations
 
@@ -13,10 +12,12 @@ from typing import Any
 
 import pytest
 
-from offline.bench.faults import BREAKS, RedisProcess, bad_push, broken_copy, redis_faults
-from offline.bench.open_loop import Call, Marks, open_loop
-from offline.bench.serve import load_catalogue
-from offline.bench.soak_load import soak
+from offline.bench.bad_push import BREAKS, bad_push, broken_copy
+from offline.bench.load import Call, Marks, open_loop
+from offline.bench.payloads import load_catalogue
+from offline.bench.processes import RedisProcess
+from offline.bench.redis_faults import redis_faults
+from offline.bench.soak import soak
 from offline.jobs.pipeline import switch_current
 from retriever.errors import SeqrecError
 from tests.service.support import Server, free_port, serving, train_bundle

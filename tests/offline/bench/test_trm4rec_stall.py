@@ -13,7 +13,7 @@ import yaml
 
 from offline.cli import main
 
-SCRIPT = Path(__file__).resolve().parents[2] / "offline" / "bench" / "trm4rec_stall.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "offline" / "bench" / "trm4rec_stall.py"
 
 
 def _stall(config: Path, data: Path, out: Path, epochs: int) -> subprocess.CompletedProcess[str]:

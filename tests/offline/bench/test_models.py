@@ -12,7 +12,9 @@ import pytest
 import offline.jobs.train
 from offline.bench.latency import fit_alpha
 from offline.bench.measure import forward_flops
-from offline.bench.models import TABLE_METRICS, csv_text, markdown_table, mean_std, summarize
+from offline.bench.records import RunRecord
+from offline.bench.results import TABLE_METRICS, csv_text, mean_std, summarize
+from offline.bench.results import results_table as markdown_table
 from offline.cli import main
 from retriever.backbones import backbone_config, build_encoder
 
@@ -71,7 +73,7 @@ def test_summary_of_known_seed_values() -> None:
         {"model": "dead", "seed": 1, "error": "ValueError: no"},
         {"model": "dead", "seed": 2, "error": "ValueError: no"},
     ]
-    deep, sasrec, dead = summarize(records)
+    deep, sasrec, dead = summarize([RunRecord.model_validate(r) for r in records])
     assert deep["test"]["NDCG@10"] == {"mean": pytest.approx(0.2), "std": pytest.approx(math.sqrt(0.02), abs=1e-6)}
     assert deep["valid"]["NDCG@10"]["mean"] == pytest.approx(0.3)
     assert deep["seconds_per_epoch"] == {"mean": 3.0, "std": pytest.approx(math.sqrt(2), abs=1e-6)}

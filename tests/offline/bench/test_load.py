@@ -1,5 +1,5 @@
-"""The open-loop load client against real uvicorn processes: the no-op app, one that always fails,
-and one that blocks its event loop for 50 ms a request (to show that latency counts from the due time)."""
+"""The open-loop load client (`offline.bench.load`) against real uvicorn processes: the no-op app, one that
+always fails, and one that blocks its event loop for 50 ms a request (to show that latency counts from the due time)."""
 
 from __future__ import annotations
 
@@ -14,27 +14,16 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from offline.bench.serve import (
-    NOOP_APP,
-    LoadResult,
-    Outcome,
-    ServerError,
-    due_times,
-    free_port,
-    geometric_rates,
-    max_sustained_rate,
-    payloads_from_catalogue,
-    payloads_from_dataset,
-    report_table,
-    run_load,
-    start_server,
-    summarise,
-)
+from offline.bench.load import Answer, Call, LoadResult, due_times, run_load, summarise
+from offline.bench.payloads import payloads_from_catalogue, payloads_from_dataset
+from offline.bench.processes import ServerError, free_port, start_server
+from offline.bench.serve import NOOP_APP
+from offline.bench.sweeps import geometric_rates, max_sustained_rate, report_table
 from offline.data.prepared import PreparedDataset
 from offline.data.sequences import Sequences
 from retriever.errors import SeqrecError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # the test apps below live in this module: the server process must be able to import it
 TEST_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 PAYLOADS = [{"history": ["1", "2", "3"], "k": 10, "candidates": 200, "rerank": True}]
@@ -89,7 +78,7 @@ def noop_url():
 
 @pytest.fixture(scope="module")
 def failing_url():
-    with start_server("tests.offline.test_bench_serve:failing_app", TEST_ENV) as url:
+    with start_server("tests.offline.bench.test_load:failing_app", TEST_ENV) as url:
         yield url
 
 
@@ -135,7 +124,7 @@ def test_closed_port_counts_connection_errors():
 def test_latency_counts_from_the_due_time_not_the_answer_of_the_previous_request():
     # 40 requests offered at 40/s to a server that handles 20/s: an open-loop client keeps sending on
     # schedule and the queue shows up in the latencies; a closed-loop one would report ~50 ms each.
-    with start_server("tests.offline.test_bench_serve:slow_app", TEST_ENV) as url:
+    with start_server("tests.offline.bench.test_load:slow_app", TEST_ENV) as url:
         result = run_load(url, PAYLOADS, rate=40, duration_s=1.0, warmup_s=0.0, arrivals="uniform", timeout_s=5.0)
     assert result.errors == 0
     assert result.ok == 40
@@ -163,22 +152,27 @@ def test_start_server_reports_a_broken_app_with_its_output():
 
 def test_start_server_times_out_when_never_ready():
     with pytest.raises(ServerError, match="not ready"), start_server(
-            "tests.offline.test_bench_serve:never_ready_app", TEST_ENV, ready_timeout_s=1.5):
+            "tests.offline.bench.test_load:never_ready_app", TEST_ENV, ready_timeout_s=1.5):
         pass
 
 
 # --------------------------------------------------------------------------- pure parts
 
 
+def outcome(due: float, sent: float, done: float, error: str | None) -> Answer:
+    """One POST /recommend's times and error (what ``summarise`` reads)."""
+    return Answer(Call("recommend", "POST", "/recommend"), due, sent, done, 200 if error is None else None, error)
+
+
 def test_summarise_excludes_warm_up_and_breaks_errors_down():
     outcomes = [
-        Outcome(due=0.5, sent=0.5, done=0.6, error=None),  # warm-up: ignored
-        Outcome(due=1.0, sent=1.001, done=1.010, error=None),  # 10 ms
-        Outcome(due=1.1, sent=1.1, done=1.130, error=None),  # 30 ms
-        Outcome(due=1.2, sent=1.2, done=1.220, error=None),  # 20 ms
-        Outcome(due=1.3, sent=1.3, done=1.301, error="HTTP 503"),
-        Outcome(due=1.4, sent=1.4, done=3.4, error="timeout"),
-        Outcome(due=1.5, sent=1.5, done=3.5, error="timeout"),
+        outcome(due=0.5, sent=0.5, done=0.6, error=None),  # warm-up: ignored
+        outcome(due=1.0, sent=1.001, done=1.010, error=None),  # 10 ms
+        outcome(due=1.1, sent=1.1, done=1.130, error=None),  # 30 ms
+        outcome(due=1.2, sent=1.2, done=1.220, error=None),  # 20 ms
+        outcome(due=1.3, sent=1.3, done=1.301, error="HTTP 503"),
+        outcome(due=1.4, sent=1.4, done=3.4, error="timeout"),
+        outcome(due=1.5, sent=1.5, done=3.5, error="timeout"),
     ]
     result = summarise(outcomes, window_start=1.0, rate=10, duration_s=1.0)
     assert (result.sent, result.ok, result.errors) == (6, 3, 3)

@@ -1,0 +1,229 @@
+"""Real processes for benches and tests: free ports, a uvicorn server, a redis-server, nginx-style stops.
+
+Every bench and every test that needs a server process starts it through this module, so a
+server is always started, waited for (GET /readyz answers 2xx) and stopped (SIGTERM, then
+SIGKILL) the same way, and a failed start always shows the end of the server's own output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from retriever.errors import SeqrecError
+
+log = logging.getLogger(__name__)
+
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through an HTTP(S)_PROXY
+STOP_GRACE_S = 10.0
+
+
+class ServerError(SeqrecError):
+    """A server process could not be started or did not become ready."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def is_ready(url: str) -> bool:
+    """GET url/readyz answers 2xx (not listening yet, or a non-2xx answer, is False)."""
+    try:
+        with DIRECT.open(f"{url}/readyz", timeout=1.0) as response:
+            return bool(200 <= response.status < 300)
+    except (OSError, http.client.HTTPException):  # urllib's HTTPError (non-2xx) is an OSError
+        return False
+
+
+def tail(path: Path, n_chars: int = 3000) -> str:
+    """The end of a process's output file, for an error message."""
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return text[-n_chars:].strip() or "(no output)"
+
+
+def stop_process(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; returns once the process is gone."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+# --------------------------------------------------------------------------- uvicorn
+
+
+class UvicornProcess:
+    """``uvicorn APP_SPEC --factory`` on 127.0.0.1:``port`` (a free one by default), one worker.
+
+    ``env`` is the process's whole environment; its stdout and stderr go to ``log`` (a file, not a
+    pipe: a chatty server can never block on a full pipe). ``launch`` starts it, ``wait_ready``
+    waits for GET /readyz, ``stop`` ends it."""
+
+    def __init__(self, app_spec: str, env: Mapping[str, str], log: Path, *, port: int | None = None,
+                 cwd: Path | None = None, grace_s: float = STOP_GRACE_S) -> None:
+        self.app_spec, self.env, self.log, self.cwd, self.grace_s = app_spec, dict(env), log, cwd, grace_s
+        self.port = free_port() if port is None else port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "uvicorn", self.app_spec, "--factory", "--host", "127.0.0.1",
+                "--port", str(self.port), "--workers", "1", "--log-level", "warning"]
+
+    def launch(self) -> UvicornProcess:
+        with self.log.open("ab") as sink:
+            self.proc = subprocess.Popen(self.command(), env=self.env, cwd=self.cwd, stdout=sink,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> UvicornProcess:
+        """Poll GET /readyz; a ServerError with the end of the output if it exits or times out first."""
+        if self.proc is None:
+            raise ServerError(f"{self.app_spec}: launch() it first")
+        deadline = time.monotonic() + timeout_s
+        while not is_ready(self.url):
+            if self.proc.poll() is not None:
+                raise ServerError(f"{self.app_spec} exited with code {self.proc.returncode} before it was ready; "
+                                  f"its output ends:\n{tail(self.log)}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerError(f"{self.app_spec} was not ready at {self.url}/readyz after {timeout_s:g} s; "
+                                  f"its output ends:\n{tail(self.log)}")
+            time.sleep(0.05)
+        log.info("%s ready at %s (pid %d)", self.app_spec, self.url, self.proc.pid)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, self.grace_s)
+        self.proc = None
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A started server process: its base URL, its pid (for RSS and the like) and its output file."""
+
+    url: str
+    pid: int
+    log: Path  # stdout + stderr of the process; removed when the server stops
+
+
+@contextlib.contextmanager
+def start_server_process(app_spec: str, env: Mapping[str, str] | None = None, port: int | None = None, *,
+                         ready_timeout_s: float = 60.0) -> Iterator[RunningServer]:
+    """Run ``uvicorn APP_SPEC --factory`` in a subprocess; yield a ``RunningServer`` once GET /readyz
+    answers 2xx; stop it (SIGTERM, then SIGKILL after 10 s) on exit. ``env`` is added to this
+    process's environment (e.g. SEQREC_ARTIFACTS, SEQREC_THREADS=1)."""
+    with tempfile.TemporaryDirectory(prefix="seqrec-serve-") as tmp:
+        server = UvicornProcess(app_spec, {**os.environ, **(env or {})}, Path(tmp) / "server.log", port=port)
+        try:
+            server.launch().wait_ready(ready_timeout_s)
+            assert server.proc is not None
+            yield RunningServer(server.url, server.proc.pid, server.log)
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def start_server(app_spec: str, env: Mapping[str, str] | None = None, port: int | None = None, *,
+                 ready_timeout_s: float = 60.0) -> Iterator[str]:
+    """``start_server_process``, yielding only the base URL."""
+    with start_server_process(app_spec, env, port, ready_timeout_s=ready_timeout_s) as server:
+        yield server.url
+
+
+# --------------------------------------------------------------------------- redis-server
+
+
+class RedisProcess:
+    """A redis-server of our own on 127.0.0.1:``port``, killed with SIGKILL and restarted on the same port.
+
+    With ``folder``, it keeps an append-only file there, fsynced before each write is acknowledged
+    (``appendfsync always``): a restart reloads everything it ever acknowledged. Without, nothing
+    touches the disk and a restart comes back empty. No RDB snapshots either way."""
+
+    def __init__(self, port: int, folder: Path | None = None, binary: str = "redis-server") -> None:
+        found = shutil.which(binary)
+        if found is None:
+            raise SeqrecError(f"{binary}: not found (install Redis, or pass the redis-server binary)")
+        self.binary, self.port, self.folder = found, port, folder
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        if self.folder is None:
+            return [*command, "--appendonly", "no"]
+        return [*command, "--dir", str(self.folder), "--appendonly", "yes", "--appendfsync", "always"]
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start it and wait until it answers PING (its append-only file loaded)."""
+        import redis
+
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        with redis.Redis.from_url(self.url, socket_timeout=0.5, socket_connect_timeout=0.5) as client:
+            while True:
+                try:
+                    if client.ping():
+                        return
+                except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError):
+                    pass
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.kill()
+                    raise SeqrecError(f"redis-server did not start on port {self.port} ({' '.join(self.command())})")
+                time.sleep(0.01)
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to its clients, no last write to disk."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> RedisProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process ``pid`` (Linux: VmRSS in /proc/<pid>/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError as err:
+        raise SeqrecError(f"cannot read the memory of process {pid}: {err}") from err
+    raise SeqrecError(f"/proc/{pid}/status has no VmRSS line")

@@ -1,0 +1,112 @@
+"""What the reliability scenarios share: their requests, the bundles they serve, and the script plumbing.
+
+`offline.bench.redis_faults`, `offline.bench.bad_push` and `offline.bench.soak` each hold one
+scenario (a function `tests/service/test_faults.py` runs in small) and the script that runs it at
+full length: train what is missing with `seqrec pipeline`, serve it, warm it up, run the scenario,
+check the server's log for tracebacks, print a JSON report and exit 1 when a target was missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offline.bench.load import Call, run_load
+from offline.bench.payloads import short_payloads
+from offline.bench.processes import RunningServer, start_server_process
+from retriever.errors import SeqrecError
+
+SERVICE_APP = "service.app:create_app"
+
+
+def history_calls(catalogue: Sequence[str], seed: int, keep: bool = False) -> list[Call]:
+    """POST /recommend bodies with 5-50 random catalogue items each."""
+    payloads = short_payloads(np.asarray(catalogue), 200, seed)
+    return [Call("history", "POST", "/recommend", json.dumps(p).encode(), keep=keep) for p in payloads]
+
+
+# --------------------------------------------------------------------------- bundles for the scripts
+
+
+def published_versions(artifacts: Path) -> list[Path]:
+    """ARTIFACTS/versions/* holding a manifest, oldest first (by the manifest's created_at)."""
+    folder = artifacts / "versions"
+    found = [p for p in folder.iterdir() if (p / "manifest.json").is_file()] if folder.is_dir() else []
+    return sorted(found, key=lambda p: (json.loads((p / "manifest.json").read_text()).get("created_at", ""), p.name))
+
+
+def ensure_versions(artifacts: Path, config: Path, n: int, threads: int = 1) -> list[Path]:
+    """At least ``n`` published versions in ARTIFACTS: `seqrec pipeline --config CONFIG` runs until there are."""
+    while len(versions := published_versions(artifacts)) < n:
+        command = [sys.executable, "-m", "offline.cli", "pipeline", "--config", str(config), "--out", str(artifacts),
+                   "--threads", str(threads), "-q"]
+        if subprocess.run(command, stdout=subprocess.DEVNULL).returncode != 0:
+            raise SeqrecError(f"`{' '.join(command)}` failed")
+    return versions
+
+
+def current_bundle(args: argparse.Namespace) -> Path:
+    """ARTIFACTS/current, resolved; trained first with `seqrec pipeline --config CONFIG` when there is none."""
+    if not (args.artifacts / "current").exists():
+        ensure_versions(args.artifacts, args.config, 1, args.threads)
+    return Path(args.artifacts / "current").resolve()
+
+
+def service_env(artifacts: Path, **settings: str) -> dict[str, str]:
+    """SEQREC_* variables of a one-thread service on ``artifacts``."""
+    return {"SEQREC_ARTIFACTS": str(artifacts), "SEQREC_THREADS": "1", "OMP_NUM_THREADS": "1",
+            "SEQREC_LOG_LEVEL": "warning", **{f"SEQREC_{k.upper()}": v for k, v in settings.items()}}
+
+
+# --------------------------------------------------------------------------- the scripts' plumbing
+
+
+def scenario_parser(doc: str | None, threads_help: str = "training threads, when a bundle must be trained"
+                    ) -> argparse.ArgumentParser:
+    """The options every scenario script takes: the artifacts it serves, the pipeline that trains them, a seed."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifacts", type=Path, default=Path("/tmp/rel-artifacts"), help="a pipeline's output")
+    parser.add_argument("--config", type=Path, default=Path("configs/pipeline/demo.yaml"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help=threads_help)
+    return parser
+
+
+@contextlib.contextmanager
+def warmed_service(env: Mapping[str, str], catalogue: np.ndarray, rate: float, n_payloads: int = 50
+                   ) -> Iterator[RunningServer]:
+    """The service in its own uvicorn process, offered three seconds of load before the scenario starts."""
+    with start_server_process(SERVICE_APP, env) as server:
+        run_load(server.url, short_payloads(catalogue, n_payloads), rate, 3.0, 0.0)
+        yield server
+
+
+def log_problems(log: Path) -> list[str]:
+    """Tracebacks in a server's output."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [text[-5000:]] if "Traceback" in text or "Exception in ASGI application" in text else []
+
+
+def add_check(report: dict[str, Any], name: str, ok: bool) -> None:
+    report["checks"][name] = ok
+    report["passed"] = all(report["checks"].values())
+
+
+def check_log(report: dict[str, Any], server: RunningServer) -> None:
+    """The last check of every scenario: no traceback in the server's output."""
+    add_check(report, "no_traceback_in_server_log", not log_problems(server.log))
+
+
+def print_report(report: Mapping[str, Any], **head: Any) -> int:
+    """The report (after ``head``: the command line and what it ran on) as JSON on stdout; 0 when it passed."""
+    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), **head, **report}
+    print(json.dumps(report, indent=2, default=str))
+    return 0 if report.get("passed") else 1

@@ -1,0 +1,46 @@
+"""Typed bench records read the committed results.json files as they are and write them back unchanged;
+the one Markdown-table writer escapes what would add a column."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from offline.bench.records import RunRecord, read_results
+from offline.bench.tables import markdown_header, markdown_row, markdown_table
+from retriever.errors import SeqrecError
+
+RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+
+
+@pytest.mark.parametrize("name", ["ml-100k-quick", "beauty"])  # a plain bench output, and a merge of merges
+def test_committed_results_round_trip_key_for_key(name: str) -> None:
+    raw = json.loads((RESULTS / name / "results.json").read_text())
+    results = read_results(RESULTS / name / "results.json")
+    dumped = [run.dump() for run in results.runs]
+    assert dumped == raw["runs"]
+    assert [list(run) for run in dumped] == [list(run) for run in raw["runs"]]  # same keys in the same order
+    assert json.dumps(dumped) == json.dumps(raw["runs"])  # ints stay ints, floats stay floats
+
+
+def test_a_failed_run_keeps_only_its_keys() -> None:
+    record = RunRecord.model_validate({"model": "gru4rec", "seed": 42, "run": "r", "error": "ValueError: no"})
+    assert record.failed
+    assert record.dump() == {"model": "gru4rec", "seed": 42, "run": "r", "error": "ValueError: no"}
+    future = RunRecord.model_validate({"model": "m", "seed": 1, "added_later": [1, 2]})
+    assert future.dump() == {"model": "m", "seed": 1, "added_later": [1, 2]}
+
+
+def test_a_broken_results_file_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"dataset": "x", "runs": [{"model": "m", "seed": "not a seed"}]}))
+    with pytest.raises(SeqrecError, match=r"cannot read .*results.json: runs\.0\.seed: "):
+        read_results(path)
+
+
+def test_markdown_table() -> None:
+    assert markdown_table(["a", "b"], [[1, "x|y"], ["—", ""]]) == "| a | b |\n|---|---|\n| 1 | x\\|y |\n| — |  |"
+    assert markdown_header(["a"]) == "| a |\n|---|"
+    assert markdown_row([]) == "|  |"
