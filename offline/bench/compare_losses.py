@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from offline.bench.tables import markdown_table
+from offline.tables import markdown_table
 
 
 def variants(n_uniform: int) -> dict[str, list[str]]:

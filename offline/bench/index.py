@@ -40,7 +40,7 @@ import numpy as np
 from tqdm import tqdm
 
 from offline.bench.models import parse_ints
-from offline.bench.tables import markdown_table
+from offline.tables import markdown_table
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
 from retriever.index import IndexSpec, build_index, normalize, set_search_params

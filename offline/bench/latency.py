@@ -24,7 +24,7 @@ import torch
 
 from offline.bench.measure import count_parameters, timed
 from offline.bench.models import ModelSpec, parse_ints, resolve_models, shorthand_overrides
-from offline.bench.tables import markdown_table
+from offline.tables import markdown_table
 from retriever.atomic import atomic_write
 from retriever.config import load_config
 from retriever.errors import SeqrecError

@@ -37,7 +37,7 @@ from offline.bench.load import P99_TARGET_MS, LoadResult, run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.processes import DIRECT, ServerError, free_port, is_ready, start_server_process, stop_process
 from offline.bench.sweeps import max_sustained_rate, report_table
-from offline.bench.tables import markdown_table
+from offline.tables import markdown_table
 
 NGINX_CONF = Path(__file__).resolve().parents[2] / "docker" / "nginx.conf"
 APP = "service.app:create_app"

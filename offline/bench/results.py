@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from offline.bench.records import BenchMeta, BenchResults, RunRecord, read_results
-from offline.bench.tables import markdown_table
+from offline.tables import markdown_table
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from offline.bench.latency import fit_alpha
-from offline.bench.tables import markdown_table
+from offline.tables import markdown_table
 from retriever.atomic import atomic_write
 
 MB = 2**20

@@ -22,7 +22,7 @@ from offline.bench.load import LoadResult, run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.processes import start_server
 from offline.bench.sweeps import max_sustained_rate, parse_rates, report_table
-from offline.bench.tables import markdown_table
+from offline.tables import markdown_table
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from offline.bench.load import P99_TARGET_MS, LoadResult, run_load
-from offline.bench.tables import markdown_table
+from offline.tables import markdown_table
 from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)

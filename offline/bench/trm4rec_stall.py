@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from offline.bench.tables import markdown_header, markdown_row
 from offline.data.prepared import load_prepared
+from offline.tables import markdown_header, markdown_row
 from retriever.config import RunConfig, load_config
 from retriever.losses import LossContext, item_log_prob
 from retriever.model import Retriever

@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
+from offline.tables import markdown_table
 from ranker.config import RankerSection
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError, validation_message
@@ -354,19 +355,17 @@ def _summary(run: Run) -> PipelineSummary:
 
 def summary_table(summary: PipelineSummary) -> str:
     """Stage times, then validation/test metrics of the retriever and the two-stage system."""
-    lines = ["| stage | seconds |", "|---|---|"]
-    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in summary.seconds.items()]
-    lines.append(f"| total | {sum(summary.seconds.values()):.1f} |")
+    times = [(name, f"{seconds:.1f}") for name, seconds in summary.seconds.items()]
+    times.append(("total", f"{sum(summary.seconds.values()):.1f}"))
     ev = summary.evaluation
-    lines += ["", "| system | split | HR@10 | NDCG@10 | MRR@10 |", "|---|---|---|---|---|"]
     rows = [("retriever", s, ev.get(f"retriever_{s}")) for s in ("valid", "test")]
     rows += [("two-stage" if ev.get("system") == "two-stage" else "retriever", s, ev.get(s)) for s in ("valid", "test")]
-    seen = set()
+    metrics_rows, seen = [], set()
     for system, split, metrics in rows:
         if metrics is None or (system, split) in seen:
             continue
         seen.add((system, split))
-        lines.append(f"| {system} | {split} | {metrics['HR@10']:.4f} | {metrics['NDCG@10']:.4f} | "
-                     f"{metrics['MRR@10']:.4f} |")
-    lines += ["", f"published {summary.version} -> {summary.path}"]
-    return "\n".join(lines)
+        metrics_rows.append((system, split, *(f"{metrics[k]:.4f}" for k in ("HR@10", "NDCG@10", "MRR@10"))))
+    return "\n".join([markdown_table(("stage", "seconds"), times), "",
+                      markdown_table(("system", "split", "HR@10", "NDCG@10", "MRR@10"), metrics_rows), "",
+                      f"published {summary.version} -> {summary.path}"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from offline.bench.records import RunRecord, read_results
-from offline.bench.tables import markdown_header, markdown_row, markdown_table
+from offline.tables import markdown_header, markdown_row, markdown_table
 from retriever.errors import SeqrecError
 
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
