@@ -359,7 +359,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from service.app import create_app
-    from service.pipeline import BundleError, load_bundle, resolve_bundle
+    from service.bundle import BundleError, load_bundle, resolve_bundle
     from service.settings import Settings
 
     given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
@@ -439,7 +439,7 @@ def _add_demo(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) 
 
 def _run_demo(args: argparse.Namespace) -> int:
     from offline.jobs.pipeline import run_pipeline, summary_table
-    from service.pipeline import load_bundle
+    from service.bundle import load_bundle
 
     _threads(args.threads)
     config = PIPELINES / ("ml-100k-download.yaml" if args.download else "demo.yaml")
