@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -47,6 +48,7 @@ ItemId = Annotated[str, BeforeValidator(_id_string), StringConstraints(min_lengt
                    WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1, "maxLength": 256},
                                              {"type": "integer"}]})]
 UserId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_encodable)]
+PathId = Annotated[str, Path(min_length=1, max_length=256)]  # a user or item id as a path segment (`{name:id}`)
 
 
 def _whole_number(value: Any) -> Any:

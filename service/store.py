@@ -30,6 +30,7 @@ import redis.exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from retriever.errors import SeqrecError
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(SeqrecError):
     """The history store cannot be reached (down, timing out, loading); the API maps it to 503."""
 
 

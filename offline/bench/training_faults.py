@@ -45,7 +45,7 @@ def valid_ndcg(artifacts: Path) -> float:
 
 
 def current_ok(artifacts: Path) -> str:
-    from service.pipeline import load_bundle
+    from service.bundle import load_bundle
 
     return load_bundle(artifacts / "current").version  # raises on a partial or corrupt bundle
 

@@ -63,7 +63,7 @@ def add_demo_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from offline.jobs.pipeline import run_pipeline, summary_table
-    from service.pipeline import load_bundle
+    from service.bundle import load_bundle
 
     set_threads(args.threads)
     config = PIPELINES / ("ml-100k-download.yaml" if args.download else "demo.yaml")

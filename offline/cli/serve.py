@@ -36,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from service.app import create_app
-    from service.pipeline import BundleError, load_bundle, resolve_bundle
+    from service.bundle import BundleError, load_bundle, resolve_bundle
     from service.settings import Settings
 
     given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",

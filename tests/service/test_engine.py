@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from service.pipeline import Bundle, Engine, Query, Result, load_bundle, recommend_batch
+from service.bundle import Bundle, load_bundle
+from service.engine import Engine
+from service.recommend import Query, Result, recommend_batch
 
 pytestmark = pytest.mark.anyio
 
@@ -50,7 +52,7 @@ async def test_a_request_keeps_the_bundle_it_was_mapped_with(served: Bundle, rel
         await asyncio.sleep(0.01)  # queued; the worker waits for more
         engine.bundle = reloaded  # what a reload does
         after = asyncio.create_task(engine.recommend(QUERIES[1]))
-        results: list[Result] = [await before, await after]
+        results: list[Result[Bundle]] = [await before, await after]
     finally:
         await engine.stop()
     assert results[0].bundle is served

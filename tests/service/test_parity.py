@@ -2,7 +2,7 @@
 
 Offline reference, as `offline.jobs.rank.evaluate_bundle` scores the test split: `ranker.mining.mine` (index
 search, history excluded), `ranker.train.make_groups` + `features`, the bundle's ranker `score`; top k by
-score, ties in retrieval order. The service is checked twice against it: `service.pipeline.recommend_batch`
+score, ties in retrieval order. The service is checked twice against it: `service.recommend.recommend_batch`
 in this process (all users in one batch) and `POST /recommend` over HTTP."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from ranker.artifact import load_ranker, unit_item_vectors
 from ranker.mining import mine
 from ranker.train import FeatureSource, features, make_groups
 from retriever.artifact import load_artifact
-from service.pipeline import Query, load_bundle, recommend_batch
+from service.bundle import load_bundle
+from service.recommend import Query, recommend_batch
 from tests.service.support import Server, metric_samples
 
 DEPTH, K, N_USERS = 20, 10, 12

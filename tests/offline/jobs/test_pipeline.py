@@ -40,7 +40,7 @@ def _versions(artifacts: Path) -> list[str]:
 
 
 def test_pipeline_runs_every_stage_and_publishes_atomically(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from service.pipeline import load_bundle
+    from service.bundle import load_bundle
 
     artifacts = tmp_path / "artifacts"
     assert main(["pipeline", "--config", str(_config(tmp_path)), "--out", str(artifacts), "-q"]) == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from service.pipeline import load_bundle
+from service.bundle import load_bundle
 
 
 def _config(tmp_path: Path, *, epochs: int = 60, seed: int = 5, name: str = "pipeline") -> Path:

@@ -1,0 +1,72 @@
+"""A `/recommend` request answered, without HTTP: the body of `RecommendResponse`.
+
+The history (given, or the user's stored one) is mapped to internal ids (unknown ids are reported and
+ignored) and cut to the model's last ``max_len`` items; an empty one gets the most popular items, any
+other is queued on the engine, which runs the two stages (`service.recommend`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from service.bundle import Bundle
+from service.engine import Engine
+from service.metrics import Metrics
+from service.recommend import NeedsCausalModel, Query, is_causal
+from service.schemas import RecommendRequest
+from service.store import HistoryStore
+
+
+async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, metrics: Metrics) -> dict[str, Any]:
+    """The response body; `NeedsCausalModel` for ``personalize`` on a bidirectional model, `StoreUnavailable`
+    when a user_id-only request cannot read the stored history."""
+    start = time.perf_counter()
+    bundle = engine.bundle
+    if body.history is not None:
+        raw = list(body.history)
+    elif body.user_id is not None:
+        raw = [e.item_id for e in await store.history(body.user_id)]
+    else:
+        raw = []
+    known = [bundle.index_of.get(i) for i in raw]
+    unknown = list(dict.fromkeys(i for i, j in zip(raw, known, strict=True) if j is None))
+    history = [j for j in known if j is not None]
+    used = history[-bundle.max_len :]
+    if body.personalize and not is_causal(bundle.artifact.model):
+        backbone = bundle.artifact.manifest.get("backbone")
+        raise NeedsCausalModel(f"needs a causal model; this bundle's backbone is {backbone}")
+    if not used:
+        metrics.fallbacks.labels("popularity").inc()
+        return _popular(bundle, body, history, unknown, start)
+    query = Query(used, k=body.k, candidates=body.candidates, exclude_seen=body.exclude_seen,
+                  rerank=body.rerank, personalize=body.personalize,
+                  exclude=tuple(history[: -bundle.max_len]) if body.exclude_seen else ())
+    queued = time.perf_counter()
+    result = await engine.recommend(query, bundle)  # the bundle the ids were mapped with
+    total = 1000 * (time.perf_counter() - start)
+    compute = sum(result.timing_ms.values())
+    for stage, ms in result.timing_ms.items():
+        metrics.stages.labels(stage).observe(ms / 1000)
+    items = [_item(result.bundle, i, score, retrieval, r + 1) for r, (i, score, retrieval) in enumerate(result.items)]
+    return {"items": items, "model_version": result.bundle.version, "reranked": result.reranked,
+            "unknown_items": unknown, "fallback": None, "history_used": len(used),
+            "timing_ms": {"queue": max(0.0, 1000 * (time.perf_counter() - queued) - compute),
+                          **result.timing_ms, "total": total}}
+
+
+def _popular(bundle: Bundle, body: RecommendRequest, history: list[int], unknown: list[str],
+             start: float) -> dict[str, Any]:
+    """The cold-start answer: the most popular items (less the history's when ``exclude_seen``)."""
+    seen = set(history) if body.exclude_seen else set()
+    top = [i for i in bundle.popular[: body.k + len(seen)].tolist() if i not in seen][: body.k]
+    items = [_item(bundle, i, float(bundle.popularity[i]), 0.0, r + 1) for r, i in enumerate(top)]
+    total = 1000 * (time.perf_counter() - start)
+    return {"items": items, "model_version": bundle.version, "reranked": False, "unknown_items": unknown,
+            "fallback": "popularity", "history_used": 0,
+            "timing_ms": {"queue": 0.0, "encode": 0.0, "search": 0.0, "rerank": 0.0, "total": total}}
+
+
+def _item(bundle: Bundle, internal: int, score: float, retrieval: float, rank: int) -> dict[str, Any]:
+    return {"item_id": bundle.external(internal), "score": score, "retrieval_score": retrieval, "rank": rank,
+            **bundle.metadata[internal - 1]}

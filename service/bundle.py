@@ -1,0 +1,193 @@
+"""A bundle: what one service process serves, loaded and validated.
+
+A bundle is a retriever artifact folder (`retriever.artifact`), optionally with its ranker
+(`BUNDLE/ranker/`), its catalogue and popularity counts. ``ARTIFACTS/current`` (a symlink or
+a folder) names the bundle to serve. `load_bundle` checks checksums, shapes and the ranker's lineage,
+then runs a smoke query through both stages, so a bundle that cannot answer is refused before it serves.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from ranker.artifact import RankerArtifact, load_ranker, unit_item_vectors
+from ranker.features import TorchTables
+from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, load_artifact
+from retriever.errors import SeqrecError
+from service.recommend import Query, recommend_batch
+
+CURRENT = "current"
+METADATA_COLUMNS = ("title", "year", "genres", "attributes")
+
+
+class BundleError(SeqrecError):
+    """A bundle that cannot be served; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    artifact: RetrieverArtifact
+    ranker: RankerArtifact | None
+    tables: TorchTables | None
+    vectors: torch.Tensor  # (n_items + 1, D) unit item vectors, row 0 = 0
+    index_of: dict[str, int]  # external id -> internal id (1..n_items)
+    metadata: list[dict[str, Any]]  # row r = internal id r + 1; empty dicts without a catalogue
+    popular: np.ndarray  # internal ids, most popular first (the cold-start answer)
+    popularity: np.ndarray  # (n_items + 1,) training counts (or the ranker's popularity), the fallback's score
+    loaded_at: float = field(default_factory=time.time)
+    # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.
+    _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
+    popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular
+
+    def __post_init__(self) -> None:
+        order = self.popular.tolist()
+        rows = [(i, self.external(i), str(self.metadata[i - 1].get("title", "")).casefold()) for i in order]
+        rank = np.zeros(self.n_items + 1, dtype=np.int64)
+        rank[self.popular] = np.arange(1, len(order) + 1)
+        object.__setattr__(self, "_by_popularity", rows)
+        object.__setattr__(self, "popularity_rank", rank)
+
+    @property
+    def version(self) -> str:
+        return str(self.artifact.manifest["version"])
+
+    @property
+    def max_len(self) -> int:
+        return self.artifact.max_len
+
+    @property
+    def n_items(self) -> int:
+        return self.artifact.n_items
+
+    def external(self, internal: int) -> str:
+        return str(self.artifact.item_ids[internal - 1])
+
+    def find(self, query: str, limit: int) -> tuple[list[int], bool]:
+        """Internal ids matching ``query``, at most ``limit``, and whether more match: the item whose id is
+        ``query`` first, then, most popular first, items whose id starts with it or whose title contains it
+        (case-insensitively). An empty query lists the most popular items."""
+        query = query.strip()
+        exact = self.index_of.get(query)
+        found = [] if exact is None else [exact]
+        needle = query.casefold()
+        for internal, item_id, title in self._by_popularity:
+            if internal != exact and (item_id.startswith(query) or needle in title):
+                found.append(internal)
+                if len(found) > limit:
+                    break
+        return found[:limit], len(found) > limit
+
+    def describe(self) -> dict[str, Any]:
+        manifest = self.artifact.manifest
+        return {
+            "model_version": self.version,
+            "path": str(self.path),
+            "backbone": manifest.get("backbone"),
+            "n_items": self.n_items,
+            "max_len": self.max_len,
+            "ranker": None if self.ranker is None else self.ranker.kind,
+            "catalogue": bool(self.metadata and any(self.metadata)),
+            "created_at": manifest.get("created_at"),
+        }
+
+
+def resolve_bundle(artifacts: Path) -> Path:
+    """``ARTIFACTS/current`` when it exists, else ``ARTIFACTS`` itself when it is a bundle."""
+    artifacts = Path(artifacts)
+    current = artifacts / CURRENT
+    if current.exists():
+        return current.resolve()
+    if (artifacts / "manifest.json").is_file():
+        return artifacts.resolve()
+    if not artifacts.exists():
+        raise BundleError(f"{artifacts}: no such folder (set SEQREC_ARTIFACTS or --artifacts)")
+    raise BundleError(f"{artifacts}: neither a bundle (no manifest.json) nor an artifacts folder with `{CURRENT}`")
+
+
+def load_bundle(path: Path) -> Bundle:
+    """Load and validate a bundle: checksums, shapes, the ranker's lineage, then a smoke query."""
+    path = Path(path)
+    try:
+        artifact = load_artifact(path)
+        ranker = load_ranker(path, artifact.manifest)
+    except ArtifactError as err:  # the retriever and the ranker folder alike
+        raise BundleError(str(err)) from None
+    n_items = artifact.n_items
+    with torch.inference_mode():
+        vectors = unit_item_vectors(artifact.model.item_vectors().detach())
+    if vectors.shape[0] != n_items + 1:
+        raise BundleError(f"{path}: the model scores {vectors.shape[0] - 1} items but item_ids.npy lists {n_items}")
+    ids = [str(i) for i in artifact.item_ids.tolist()]
+    index_of = {item: row + 1 for row, item in enumerate(ids)}
+    if len(index_of) != n_items:
+        raise BundleError(f"{path}: item_ids.npy holds duplicate ids")
+    bundle = Bundle(path, artifact, ranker, None if ranker is None else ranker.tables.torch(), vectors, index_of,
+                    _metadata(path, ids), *_popular(path, artifact, ranker))
+    _smoke(bundle)
+    return bundle
+
+
+def _metadata(path: Path, ids: list[str]) -> list[dict[str, Any]]:
+    file = path / CATALOGUE
+    if not file.is_file():
+        return [{} for _ in ids]
+    try:
+        table = pq.read_table(file)
+    except (OSError, ValueError) as err:
+        raise BundleError(f"{file}: unreadable catalogue: {err}") from None
+    columns = [c for c in METADATA_COLUMNS if c in table.column_names]
+    if "item_id" not in table.column_names:
+        raise BundleError(f"{file}: the catalogue has no item_id column")
+    rows = {str(r["item_id"]): r for r in table.select(["item_id", *columns]).to_pylist()}
+    out = []
+    for item in ids:
+        row = rows.get(item, {})
+        meta: dict[str, Any] = {}
+        for column in columns:
+            value = row.get(column)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            if column in ("genres", "attributes"):
+                meta[column] = [str(v) for v in value]
+            elif column == "year":
+                meta[column] = int(value)
+            else:
+                meta[column] = str(value)
+        out.append(meta)
+    return out
+
+
+def _popular(path: Path, artifact: RetrieverArtifact, ranker: RankerArtifact | None) -> tuple[np.ndarray, np.ndarray]:
+    n_items = artifact.n_items
+    file = path / POPULARITY
+    if file.is_file():
+        counts = np.load(file, allow_pickle=False).astype(np.float64)
+    elif ranker is not None:
+        counts = ranker.tables.popularity.astype(np.float64)
+    else:
+        counts = np.zeros(n_items + 1)
+    if counts.shape != (n_items + 1,):
+        raise BundleError(f"{file}: popularity has shape {counts.shape}; expected ({n_items + 1},)")
+    return np.argsort(-counts[1:], kind="stable") + 1, counts  # ties: catalogue order
+
+
+def _smoke(bundle: Bundle) -> None:
+    """A real query through every stage; a bundle that cannot answer it is refused."""
+    history = list(range(1, min(bundle.n_items, 3) + 1))
+    try:
+        (result,) = recommend_batch(bundle, [Query(history, k=5, candidates=20, exclude_seen=True, rerank=True)])
+    except Exception as err:  # a bundle that crashes on a plain query must never replace a working one
+        raise BundleError(f"{bundle.path}: smoke query failed: {type(err).__name__}: {err}") from None
+    expected = min(5, bundle.n_items - len(history))
+    if len(result.items) != expected or not all(math.isfinite(s) for _, s, r in result.items for s in (s, r)):
+        raise BundleError(f"{bundle.path}: smoke query returned {len(result.items)} items (expected {expected}) "
+                          "or non-finite scores")

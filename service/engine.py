@@ -1,0 +1,131 @@
+"""The micro-batching engine: the served bundle, one inference thread, hot reload.
+
+One worker collects up to ``max_batch`` queued requests (waiting at most ``max_wait_ms`` for more) and
+answers them with one `service.recommend.recommend_batch` call in ``torch.inference_mode`` on a single
+inference thread. ``reload`` validates a new bundle before it replaces the old one, and a request keeps
+the bundle its internal ids were mapped with, even when a reload swaps in another meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from service.bundle import Bundle, load_bundle
+from service.recommend import Query, Result, recommend_batch
+
+log = logging.getLogger("service.pipeline")  # the logger name these log lines have always carried
+
+
+_Pending = tuple[Query, Bundle, asyncio.Future[Result[Bundle]]]  # a queued request and the bundle its ids belong to
+
+
+class Engine:
+    """The served bundle, the micro-batching worker and hot reload."""
+
+    def __init__(self, bundle: Bundle, *, max_batch: int = 32, max_wait_ms: float = 2.0, threads: int = 1,
+                 personalize_beta: float = 1e-5, personalize_steps: int = 1,
+                 on_batch: Callable[[int], None] | None = None) -> None:
+        self.bundle = bundle
+        self.on_batch = on_batch  # called with each answered batch's size (the /metrics histogram)
+        self._run_batch = functools.partial(recommend_batch, beta=personalize_beta, steps=personalize_steps)
+        self.max_batch = max_batch
+        self.max_wait = max_wait_ms / 1000
+        self.threads = threads
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._inference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqrec-inference",
+                                             initializer=set_threads, initargs=(threads,))
+        self._reload_lock = asyncio.Lock()
+        self.batches = 0
+        self.batch_sizes: list[int] = []  # recent batch sizes, for /metrics
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._worker = asyncio.create_task(self._run(), name="seqrec-batcher")
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        self._inference.shutdown(wait=True, cancel_futures=True)
+
+    async def recommend(self, query: Query, bundle: Bundle | None = None) -> Result[Bundle]:
+        """Answer ``query`` with ``bundle`` (default: the served one), the bundle whose catalogue its internal
+        ids come from, even when a reload swaps in another bundle (maybe another catalogue) meanwhile."""
+        if self._queue is None:
+            raise RuntimeError("engine not started")
+        future: asyncio.Future[Result[Bundle]] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((query, bundle or self.bundle, future))
+        return await future
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.max_wait
+            while len(batch) < self.max_batch:
+                if not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                    continue
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                except TimeoutError:
+                    break
+            by_bundle: dict[int, list[_Pending]] = {}  # one batch per bundle: two only around a reload
+            for pending in batch:
+                if not pending[2].cancelled():  # clients that went away
+                    by_bundle.setdefault(id(pending[1]), []).append(pending)
+            for group in by_bundle.values():
+                await self._answer(loop, group)
+
+    async def _answer(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
+        bundle = batch[0][1]
+        try:
+            results = await loop.run_in_executor(self._inference, self._run_batch, bundle, [q for q, _, _ in batch])
+        except Exception as err:
+            log.exception("inference failed for a batch of %d", len(batch))
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(err)
+            return
+        self.batches += 1
+        self.batch_sizes.append(len(batch))
+        del self.batch_sizes[:-1000]
+        if self.on_batch is not None:
+            self.on_batch(len(batch))
+        for (_, _, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+    async def reload(self, path: Path) -> tuple[Bundle, Bundle]:
+        """Load and validate ``path``; swap it in only when it passes. Returns (old, new)."""
+        async with self._reload_lock:
+            new = await asyncio.to_thread(_load_with_threads, path, self.threads)
+            old, self.bundle = self.bundle, new
+            return old, new
+
+
+def set_threads(threads: int) -> None:
+    """Threads of the calling thread's torch ops and FAISS searches (OpenMP's count is per calling thread)."""
+    import faiss
+
+    torch.set_num_threads(threads)
+    faiss.omp_set_num_threads(threads)
+
+
+def _load_with_threads(path: Path, threads: int) -> Bundle:
+    set_threads(threads)
+    return load_bundle(path)

@@ -1,0 +1,162 @@
+"""The two-stage recommendation, callable without HTTP: histories -> user vectors -> FAISS top-N ->
+the ranker's features -> ranker scores -> top k.
+
+`recommend_batch` answers several queries in one forward pass; the engine (`service.engine`) feeds it
+micro-batches, `service.bundle` runs it once as the smoke query of every bundle it loads, and the parity
+tests call it directly. The features come from the same code as the offline evaluation
+(`ranker.features.compute_features`), so serving and training cannot drift.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from ranker.artifact import RankerArtifact
+from ranker.features import TorchTables, compute_features
+from ranker.mining import padded_slices
+from retriever.artifact import RetrieverArtifact
+from retriever.errors import SeqrecError
+from retriever.index import search
+from retriever.model import Retriever
+
+
+class Servable(Protocol):
+    """What the two stages read from a bundle; `service.bundle.Bundle` is one. A protocol rather than that
+    class, because loading a bundle runs a smoke query through this module."""
+
+    @property
+    def artifact(self) -> RetrieverArtifact: ...
+    @property
+    def ranker(self) -> RankerArtifact | None: ...
+    @property
+    def tables(self) -> TorchTables | None: ...
+    @property
+    def vectors(self) -> torch.Tensor: ...  # (n_items + 1, D) unit item vectors, row 0 = 0
+    @property
+    def max_len(self) -> int: ...
+    @property
+    def n_items(self) -> int: ...
+
+
+B = TypeVar("B", bound=Servable)
+
+
+@dataclass(frozen=True)
+class Query:
+    history: list[int]  # internal ids, oldest first, already cut to max_len
+    k: int
+    candidates: int
+    exclude_seen: bool = True
+    rerank: bool = True
+    personalize: bool = False
+    exclude: tuple[int, ...] = ()  # further internal ids never to return (the rest of a long history)
+
+
+@dataclass
+class Result(Generic[B]):
+    items: list[tuple[int, float, float]]  # (internal id, score, retrieval score), best first
+    bundle: B  # the bundle that answered (its ids and metadata describe the items)
+    reranked: bool
+    timing_ms: dict[str, float]
+
+
+class NeedsCausalModel(SeqrecError):
+    """`personalize` asked of a bundle whose encoder reads the whole window (its input holds the targets)."""
+
+
+# The PCRec-simple hooks, in one place: both switch to Retriever.personalize/causal when the retriever
+# contract lands. The check runs per request, before batching, so one bad request never fails a batch.
+def is_causal(model: Retriever) -> bool:
+    return bool(getattr(model.encoder, "causal", True))
+
+
+def personalize(model: Retriever, history: torch.Tensor, *, beta: float, steps: int) -> torch.Tensor:
+    from retriever.backbones.pcrec import personalize as pcrec_personalize
+
+    return pcrec_personalize(model, history, beta, steps)
+
+
+def recommend_batch(bundle: B, queries: Sequence[Query], *, beta: float = 1e-5, steps: int = 1) -> list[Result[B]]:
+    """Retrieve, rerank and cut to k for a batch of queries in one forward pass.
+
+    Queries with ``personalize`` get PCRec-simple user vectors (``steps`` gradient steps of rate
+    ``beta`` on their own history, on a private copy of the weights), one user at a time.
+    """
+    t0 = time.perf_counter()
+    history = _padded_histories(queries, bundle.max_len)
+    user = _user_vectors(bundle, history, queries, beta=beta, steps=steps)
+    t1 = time.perf_counter()
+    candidates, scores = _retrieve(bundle, user, queries)
+    t2 = time.perf_counter()
+    final, reranked = _rerank(bundle, history, user, candidates, scores, queries)
+    t3 = time.perf_counter()
+    timing = {"encode": 1000 * (t1 - t0), "search": 1000 * (t2 - t1), "rerank": 1000 * (t3 - t2)}
+    out = []
+    for i, q in enumerate(queries):
+        order = np.flatnonzero(candidates[i] > 0)
+        # best first; ties keep the retrieval order (stable), so the order never depends on the batch
+        order = order[np.argsort(-final[i, order], kind="stable")][: q.k]
+        items = [(int(candidates[i, j]), float(final[i, j]), float(scores[i, j])) for j in order]
+        out.append(Result(items, bundle, i in reranked, timing))
+    return out
+
+
+def _padded_histories(queries: Sequence[Query], max_len: int) -> torch.Tensor:
+    """(B, max_len) internal ids, left-padded with 0."""
+    lengths = np.array([len(q.history) for q in queries])
+    flat = np.fromiter((i for q in queries for i in q.history), dtype=np.int64, count=int(lengths.sum()))
+    ends = np.cumsum(lengths)
+    return torch.from_numpy(padded_slices(flat, ends - lengths, ends, max_len))
+
+
+def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Query], *, beta: float,
+                  steps: int) -> torch.Tensor:
+    """(B, D) unit user vectors: one forward pass for the plain queries, PCRec-simple for the others."""
+    model = bundle.artifact.model
+    plain = [i for i, q in enumerate(queries) if not q.personalize]
+    user = torch.zeros(len(queries), bundle.vectors.shape[1])  # a normal tensor: personalize writes into it too
+    if plain:
+        with torch.inference_mode():
+            vectors = model.user_vectors(history[plain]).float()
+        user[plain] = vectors
+    special = [i for i, q in enumerate(queries) if q.personalize]
+    if special:
+        user[special] = personalize(model, history[special], beta=beta, steps=steps).detach().float()
+    return torch.nn.functional.normalize(user, dim=-1)
+
+
+def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
+    """(B, depth) candidate internal ids (0 = none) and their retrieval scores (-inf = none)."""
+    depth = min(max(max(q.candidates, q.k) for q in queries), bundle.n_items)
+    exclude = [np.array(sorted({*(q.history if q.exclude_seen else ()), *q.exclude}), dtype=np.int64) - 1
+               for q in queries]
+    assert bundle.artifact.index is not None  # load_bundle always loads it
+    scores, rows = search(bundle.artifact.index, user.numpy(), depth, exclude=exclude)
+    candidates = np.where(rows >= 0, rows + 1, 0)
+    for i, q in enumerate(queries):  # each request keeps its own retrieval depth
+        n = max(q.candidates, q.k)
+        candidates[i, n:] = 0
+        scores[i, n:] = -np.inf
+    return candidates, scores
+
+
+def _rerank(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candidates: np.ndarray, scores: np.ndarray,
+            queries: Sequence[Query]) -> tuple[np.ndarray, set[int]]:
+    """(B, depth) final scores (the retrieval scores where nothing reranks) and the rows the ranker scored."""
+    final = scores.astype(np.float64)
+    rerank = [i for i, q in enumerate(queries) if q.rerank and bundle.ranker is not None]
+    if rerank:
+        assert bundle.ranker is not None
+        assert bundle.tables is not None
+        with torch.inference_mode():
+            cand = torch.from_numpy(candidates[rerank])
+            batch = compute_features(bundle.tables, bundle.vectors, history[rerank], user[rerank], cand,
+                                     torch.from_numpy(np.where(cand.numpy() > 0, scores[rerank], 0.0)))
+            final[rerank] = bundle.ranker.ranker.score(batch).double().numpy()
+    return final, set(rerank)

@@ -1,0 +1,29 @@
+"""``POST /events``: one event or a batch, appended to the users' stored histories."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.deps import EngineDep, StoreDep
+from service.schemas import INVALID, STORE_DOWN, TOO_LARGE, UNREADABLE, EventBatch, EventIn, EventsResponse
+from service.store import Event
+
+writes = APIRouter()
+
+
+@writes.post("/events", response_model=EventsResponse, responses={**UNREADABLE, **INVALID, **TOO_LARGE, **STORE_DOWN})
+async def events(body: EventIn | EventBatch, engine: EngineDep, store: StoreDep) -> dict[str, Any]:
+    batch = body.events if isinstance(body, EventBatch) else [body]
+    per_user: dict[str, list[Event]] = {}
+    for e in batch:
+        per_user.setdefault(e.user_id, []).append(Event(e.item_id, e.timestamp))
+    bundle = engine.bundle
+    if len(per_user) == 1:
+        ((user, evs),) = per_user.items()
+        await store.append(user, evs, bundle.max_len)
+    else:
+        await store.append_many(list(per_user.items()), bundle.max_len)
+    unknown = list(dict.fromkeys(e.item_id for e in batch if e.item_id not in bundle.index_of))
+    return {"stored": len(batch), "users": len(per_user), "unknown_items": unknown}

@@ -1,0 +1,31 @@
+"""``GET /healthz`` (the process is up), ``/readyz`` (what it serves, and whether the store answers) and
+``/metrics`` (Prometheus)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.deps import EngineDep, MetricsDep, StoreDep
+from service.schemas import METRICS
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "alive"}
+
+
+@router.get("/readyz")
+async def readyz(engine: EngineDep, store: StoreDep) -> dict[str, Any]:
+    reachable = await store.ping()
+    return {"status": "ready" if reachable else "degraded", **engine.bundle.describe(),
+            "store": {"kind": store.name, "reachable": reachable}}
+
+
+@router.get("/metrics", response_class=Response, responses=METRICS)
+async def prometheus(metrics: MetricsDep) -> Response:
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

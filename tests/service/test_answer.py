@@ -1,0 +1,106 @@
+"""A `/recommend` request answered without HTTP (`service.answer.answer`), and the one answer that needs the
+model's contract: ``personalize`` on a bidirectional encoder is a field error, refused before anything is
+queued, so it never fails the batch it would have joined."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.answer import answer
+from service.app import create_app
+from service.bundle import Bundle, load_bundle
+from service.engine import Engine
+from service.metrics import Metrics
+from service.recommend import NeedsCausalModel, Query, recommend_batch
+from service.schemas import RecommendRequest
+from service.settings import Settings
+from service.store import Event, MemoryStore
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def served(bundle: Path) -> Bundle:
+    return load_bundle(bundle)
+
+
+@pytest.fixture
+def bidirectional(bundle: Path) -> Bundle:
+    """A fresh load whose encoder says it reads the whole window, as BERT4Rec's does."""
+    loaded = load_bundle(bundle)
+    loaded.artifact.model.encoder.causal = False
+    return loaded
+
+
+@pytest.fixture
+async def engine(served: Bundle) -> AsyncIterator[Engine]:
+    engine = Engine(served, max_batch=8, max_wait_ms=1)
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def test_answer_maps_ids_and_runs_both_stages(served: Bundle, engine: Engine) -> None:
+    history = [served.external(i) for i in (3, 1, 4)]
+    body = RecommendRequest(history=[*history, "no-such-item"], k=5)
+    out = await answer(body, engine, MemoryStore(), Metrics())
+    (alone,) = recommend_batch(served, [Query([3, 1, 4], k=5, candidates=200)])
+    assert [item["item_id"] for item in out["items"]] == [served.external(i) for i, _, _ in alone.items]
+    assert [item["rank"] for item in out["items"]] == [1, 2, 3, 4, 5]
+    assert out["unknown_items"] == ["no-such-item"]
+    assert out["history_used"] == 3
+    assert out["fallback"] is None
+    assert out["reranked"] is True
+    assert out["model_version"] == served.version
+
+
+async def test_answer_reads_the_stored_history(served: Bundle, engine: Engine) -> None:
+    store = MemoryStore()
+    await store.append("u1", [Event(served.external(5)), Event(served.external(6))], served.max_len)
+    stored = await answer(RecommendRequest(user_id="u1", k=4), engine, store, Metrics())
+    given = await answer(RecommendRequest(history=[served.external(5), served.external(6)], k=4), engine,
+                         MemoryStore(), Metrics())
+    assert stored["items"] == given["items"]
+    assert stored["history_used"] == 2
+
+
+async def test_an_empty_history_gets_the_most_popular_items(served: Bundle, engine: Engine) -> None:
+    metrics = Metrics()
+    out = await answer(RecommendRequest(history=["no-such-item"], k=3), engine, MemoryStore(), metrics)
+    assert [item["item_id"] for item in out["items"]] == [served.external(int(i)) for i in served.popular[:3]]
+    assert out["fallback"] == "popularity"
+    assert out["history_used"] == 0
+    assert metrics.registry.get_sample_value("seqrec_fallbacks_total", {"kind": "popularity"}) == 1
+    assert engine.batches == 0
+
+
+async def test_personalize_needs_a_causal_model(bidirectional: Bundle) -> None:
+    engine = Engine(bidirectional, max_batch=8, max_wait_ms=1)
+    await engine.start()
+    try:
+        with pytest.raises(NeedsCausalModel, match="needs a causal model; this bundle's backbone is transformer"):
+            await answer(RecommendRequest(history=[bidirectional.external(1)], personalize=True), engine,
+                         MemoryStore(), Metrics())
+    finally:
+        await engine.stop()
+    assert engine.batches == 0
+
+
+async def test_personalize_on_a_bidirectional_model_is_a_422(bidirectional: Bundle) -> None:
+    """In-process ASGI (the patched bundle lives in this process), with the app's own lifespan."""
+    app = create_app(Settings(artifacts=bidirectional.path), bundle=bidirectional)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+        response = await client.post("/recommend", json={"history": [bidirectional.external(1)], "personalize": True})
+        plain = await client.post("/recommend", json={"history": [bidirectional.external(1)]})
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "personalize: needs a causal model; this bundle's backbone is transformer",
+        "errors": [{"field": "personalize", "message": "needs a causal model; this bundle's backbone is transformer",
+                    "type": "value_error"}],
+    }
+    assert plain.status_code == 200

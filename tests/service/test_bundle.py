@@ -1,0 +1,42 @@
+"""Which folder a service serves (`resolve_bundle`), and that a bundle it cannot serve is a user error
+(`BundleError`, a `SeqrecError`) naming the folder and why."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from retriever.errors import SeqrecError
+from service.bundle import BundleError, load_bundle, resolve_bundle
+from service.store import StoreUnavailable
+
+
+def test_resolve_prefers_current(bundle: Path, tmp_path: Path) -> None:
+    (tmp_path / "current").symlink_to(bundle, target_is_directory=True)
+    assert resolve_bundle(tmp_path) == bundle.resolve()
+    assert resolve_bundle(bundle) == bundle.resolve()  # a bundle folder itself
+
+
+def test_resolve_names_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="no such folder"):
+        resolve_bundle(tmp_path / "absent")
+    with pytest.raises(BundleError, match="neither a bundle"):
+        resolve_bundle(tmp_path)
+
+
+def test_a_changed_catalogue_is_refused(bundle: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle, broken)
+    (broken / "catalogue.parquet").write_bytes(b"not parquet")
+    with pytest.raises(BundleError, match=r"catalogue\.parquet: checksum does not match"):
+        load_bundle(broken)
+
+
+def test_service_errors_share_the_error_root(tmp_path: Path) -> None:
+    """The CLI prints a SeqrecError as one line; these two are user-fixable (a folder, a Redis)."""
+    assert issubclass(BundleError, SeqrecError)
+    assert issubclass(StoreUnavailable, SeqrecError)
+    with pytest.raises(SeqrecError):
+        resolve_bundle(tmp_path / "absent")
