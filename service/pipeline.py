@@ -251,9 +251,7 @@ def recommend_batch(bundle: Bundle, queries: Sequence[Query], *, beta: float = 1
         user[plain] = vectors
     special = [i for i, q in enumerate(queries) if q.personalize]
     if special:
-        from retriever.backbones.pcrec import personalize
-
-        user[special] = personalize(model, history[special], beta, steps).detach().float()
+        user[special] = model.personalize(history[special], beta=beta, steps=steps).detach().float()
     user = torch.nn.functional.normalize(user, dim=-1)
     t1 = time.perf_counter()
     depth = min(max(max(q.candidates, q.k) for q in queries), bundle.n_items)

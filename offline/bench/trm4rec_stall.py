@@ -37,7 +37,8 @@ from offline.data.prepared import load_prepared
 from retriever.config import RunConfig, load_config
 from retriever.losses import LossContext, item_log_prob
 from retriever.model import Retriever
-from retriever.train import BatchLoss, make_windows
+from retriever.train import BatchLoss
+from retriever.windows import make_windows
 
 
 def train_until(command: list[str], run_dir: Path, epochs: int) -> None:

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from retriever.backbones.base import SequenceEncoder
 from retriever.layers import attention_mask
 
 
@@ -80,7 +81,7 @@ class PostNormBlock(nn.Module):
         return self.ffn_norm(x + self.drop(self.ffn(x)))
 
 
-class BERT4Rec(nn.Module):
+class BERT4Rec(SequenceEncoder):
     causal = False  # every position sees the whole window; the contract's causality test does not apply
 
     def __init__(self, config: BERT4RecConfig) -> None:
@@ -122,7 +123,7 @@ class BERT4Rec(nn.Module):
         """(n_items + 1, D) output table, shared with the input; the mask token's row is left out."""
         return self.item_emb.weight[: self.config.n_items + 1]
 
-    def training_inputs(self, batch: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    def training_inputs(self, batch: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T + 1) windows -> (inputs, targets, trained): the cloze task (see the module docstring).
 
         inputs: the window with masked items replaced by the mask token; targets: the original

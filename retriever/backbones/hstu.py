@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from retriever.backbones.base import SequenceEncoder
+
 TIME_BUCKET_WIDTH = 0.301  # ln-gap per bucket, from the reference code
 
 
@@ -98,7 +100,7 @@ class HSTULayer(nn.Module):
         return x + self.f2(self.drop(y * u))
 
 
-class HSTU(nn.Module):
+class HSTU(SequenceEncoder):
     def __init__(self, config: HSTUConfig) -> None:
         super().__init__()
         if config.d_model % config.n_heads:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from retriever.backbones.base import SequenceEncoder
 from retriever.layers import Block, RMSNorm, attention_mask, init_weights, rope_tables
 
 
@@ -31,7 +32,7 @@ class TransformerConfig:
     features_per_item: int = 0
 
 
-class Transformer(nn.Module):
+class Transformer(SequenceEncoder):
     item_features: Tensor
 
     def __init__(self, config: TransformerConfig) -> None:

@@ -19,7 +19,8 @@ def test_old_artifact_loads_and_scores_as_written(name: str) -> None:
     artifact = load_artifact(path)
     assert artifact.n_items == 12
     assert artifact.item_ids[0] == "item-1"
-    assert artifact.index is not None and artifact.index.ntotal == 12
+    assert artifact.index is not None
+    assert artifact.index.ntotal == 12
     with torch.no_grad():
         scores = artifact.model.score(HISTORIES)[:, 1:].numpy()
     np.testing.assert_array_equal(scores, np.load(path / "expected_scores.npy"))

@@ -9,7 +9,8 @@ from offline.data.split import leave_one_out
 from offline.evaluation.evaluate import evaluate_splits
 from retriever.config import ConfigError, config_from_dict
 from retriever.model import Retriever
-from retriever.train import batches, fit, lr_at, make_windows
+from retriever.train import fit, lr_at
+from retriever.windows import batches, make_windows
 
 TINY = {
     "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_len": 8, "dropout": 0.0, "emb_dropout": 0.0},
