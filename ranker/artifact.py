@@ -27,6 +27,7 @@ from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
 from retriever.atomic import atomic_write, sha256_file
 from retriever.errors import RetrieverError
+from retriever.manifest import RetrieverManifest
 
 FORMAT = "seqrec.ranker/1"
 FOLDER = "ranker"
@@ -64,7 +65,7 @@ class RankerArtifact:
         return str(self.manifest["kind"])
 
 
-def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: dict[str, Any],
+def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: RetrieverManifest,
                  metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write BUNDLE/ranker/ (replacing an existing one only once the new one is complete)."""
     tmp = bundle / f".{FOLDER}.{os.getpid()}.tmp"
@@ -97,7 +98,7 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
     return manifest
 
 
-def load_ranker(bundle: Path, retriever_manifest: dict[str, Any]) -> RankerArtifact | None:
+def load_ranker(bundle: Path, retriever_manifest: RetrieverManifest) -> RankerArtifact | None:
     """The bundle's ranker, or None when it has none; refused on any mismatch."""
     folder = Path(bundle) / FOLDER
     if not folder.exists():
