@@ -5,14 +5,14 @@ unknown keys are kept (``extra="allow"``) so artifacts written by other releases
 and round-trip. Only ``format`` and ``version`` are required: the loader reports a missing
 checksum list or item count with its own, more precise messages.
 
-``manifest["key"]`` and ``manifest.get("key")`` still work, with a dict's meaning (a key the
+``manifest["key"]``, ``manifest.get("key")`` and ``{**manifest}`` still work, with a dict's meaning (a key the
 file does not hold is missing, even where the field has a default), for code written when
 the manifest was a plain dict; new code reads attributes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import KeysView, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,6 +48,10 @@ class RetrieverManifest(BaseModel):
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self._holds(key)
+
+    def keys(self) -> KeysView[str]:
+        """The keys the file holds; with ``__getitem__`` this makes ``dict(m)`` and ``{**m}`` work."""
+        return self.to_dict().keys()
 
     def get(self, key: str, default: Any = None) -> Any:
         return getattr(self, key) if self._holds(key) else default

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from retriever.backbones.base import SequenceEncoder
-from retriever.layers import attention_mask
+from retriever.layers import attention_mask, init_module
 
 
 @dataclass(frozen=True)
@@ -144,13 +144,9 @@ class BERT4Rec(SequenceEncoder):
         return inputs, targets, masked
 
 
+def _truncated_normal(weight: Tensor) -> object:
+    return nn.init.trunc_normal_(weight, std=0.02, a=-0.04, b=0.04)
+
+
 def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02, a=-0.04, b=0.04)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.trunc_normal_(module.weight, std=0.02, a=-0.04, b=0.04)
-        if module.padding_idx is not None:
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()
+    init_module(module, linear=_truncated_normal, embedding=_truncated_normal)

@@ -1,4 +1,5 @@
-"""The "modern recsys stack" retriever of seed 002: RoPE, SwiGLU, RMSNorm, pre-norm, causal SDPA.
+"""The "modern recsys stack" retriever of the retriever-and-ranker reference: RoPE, SwiGLU, RMSNorm,
+pre-norm, causal SDPA.
 
 Differs from SASRec in four places: rotary positions on q/k instead of a learned absolute
 table, SwiGLU (expansion 4) instead of ReLU, RMSNorm instead of LayerNorm, and a final norm.

@@ -1,4 +1,4 @@
-"""TRM4Rec (seed 000): a recursive transformer, B distinct blocks looped S times with shared weights.
+"""TRM4Rec (the TRM4Rec study): a recursive transformer, B distinct blocks looped S times with shared weights.
 
 Depth and parameters are decoupled: ``n_steps`` (S) sets the compute, ``n_blocks`` (B) the
 parameters, so S4, S8 and S16 have the parameter count of one block and S4-B2 of two. The

@@ -1,4 +1,4 @@
-"""xLSTM with mLSTM blocks (Beck et al. 2024; the xLSTM study of seeds 001 and 004), plain PyTorch.
+"""xLSTM with mLSTM blocks (Beck et al. 2024; the xLSTM study), plain PyTorch.
 
 The mLSTM cell keeps, per head, a matrix memory and a normaliser:
 

@@ -61,6 +61,8 @@ def test_dict_style_reads_keep_a_dicts_meaning() -> None:
         manifest["sha256"]
     assert manifest.to_dict() == {"format": "seqrec.retriever/1", "version": "v1", "n_items": 3,
                                   "added_later": {"x": 1}}
+    assert dict(manifest) == manifest.to_dict()
+    assert {**manifest, "version": "v2"}["version"] == "v2"
 
 
 def test_an_old_artifact_with_a_rebuilt_index_still_loads(tmp_path: Path) -> None:
