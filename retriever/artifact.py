@@ -104,19 +104,7 @@ def write_artifact(
     atomic_write(out / ITEM_IDS, lambda p: _save_npy(p, np.asarray(item_ids, dtype=str)))
     vectors = item_matrix(model)
     save_index(build_index(vectors, spec), out / INDEX)
-    files = [CONFIG, WEIGHTS, ITEM_IDS, INDEX]
-    if history is not None:
-        write_jsonl(out / HISTORY, history)
-        files.append(HISTORY)
-    if catalogue is not None:
-        atomic_write(out / CATALOGUE, lambda p: shutil.copyfile(catalogue, p))
-        files.append(CATALOGUE)
-    if popularity is not None:
-        counts = np.asarray(popularity, dtype=np.int64)
-        if counts.shape != (n_items + 1,):
-            raise ValueError(f"popularity must be shaped ({n_items + 1},), got {counts.shape}")
-        atomic_write(out / POPULARITY, lambda p: _save_npy(p, counts))
-        files.append(POPULARITY)
+    files = [CONFIG, WEIGHTS, ITEM_IDS, INDEX, *_write_optional(out, n_items, history, catalogue, popularity)]
     created = datetime.now(UTC)
     digest = {name: sha256_file(out / name) for name in files}
     manifest = {
@@ -135,6 +123,25 @@ def write_artifact(
         "sha256": digest,
     }
     return _write_manifest(out, manifest)
+
+
+def _write_optional(out: Path, n_items: int, history: list[dict[str, Any]] | None, catalogue: Path | None,
+                    popularity: np.ndarray | None) -> list[str]:
+    """Write the files a bundle may lack (training log, item metadata, cold-start counts); returns their names."""
+    files = []
+    if history is not None:
+        write_jsonl(out / HISTORY, history)
+        files.append(HISTORY)
+    if catalogue is not None:
+        atomic_write(out / CATALOGUE, lambda p: shutil.copyfile(catalogue, p))
+        files.append(CATALOGUE)
+    if popularity is not None:
+        counts = np.asarray(popularity, dtype=np.int64)
+        if counts.shape != (n_items + 1,):
+            raise ValueError(f"popularity must be shaped ({n_items + 1},), got {counts.shape}")
+        atomic_write(out / POPULARITY, lambda p: _save_npy(p, counts))
+        files.append(POPULARITY)
+    return files
 
 
 def rewrite_index(path: Path, spec: IndexSpec) -> RetrieverManifest:
