@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +29,7 @@ from ranker.mlp import MLPRanker
 from retriever.artifact import ArtifactError
 from retriever.atomic import atomic_write, sha256_file
 from retriever.errors import validation_message
+from retriever.manifest import RetrieverManifest
 
 FORMAT = "seqrec.ranker/1"
 FOLDER = "ranker"
@@ -99,7 +99,7 @@ class RankerArtifact:
         return str(self.manifest.kind)
 
 
-def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: Mapping[str, Any],
+def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: RetrieverManifest,
                  metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> RankerManifest:
     """Write BUNDLE/ranker/ (replacing an existing one only once the new one is complete)."""
     tmp = bundle / f".{FOLDER}.{os.getpid()}.tmp"
@@ -111,8 +111,8 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
         files = [*saved["files"], TABLES_FILE]
         manifest = RankerManifest(
             format=FORMAT, kind=ranker.kind, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            retriever_version=retriever_manifest["version"],
-            features=feature_spec(tables, int(retriever_manifest["dim"])), config=saved["config"],
+            retriever_version=retriever_manifest.version,
+            features=feature_spec(tables, int(retriever_manifest.dim or 0)), config=saved["config"],
             metrics=dict(metrics or {}), **dict(extra or {}),
             sha256={name: sha256_file(tmp / name) for name in files},
         )
@@ -143,7 +143,7 @@ def read_manifest(folder: Path) -> RankerManifest:
         raise ArtifactError(path, validation_message(err)) from None
 
 
-def load_ranker(bundle: Path, retriever_manifest: Mapping[str, Any]) -> RankerArtifact | None:
+def load_ranker(bundle: Path, retriever_manifest: RetrieverManifest) -> RankerArtifact | None:
     """The bundle's ranker, or None when it has none; refused on any mismatch."""
     folder = Path(bundle) / FOLDER
     if not folder.exists():
@@ -154,9 +154,9 @@ def load_ranker(bundle: Path, retriever_manifest: Mapping[str, Any]) -> RankerAr
     if kind not in RANKERS:
         raise ArtifactError(folder / MANIFEST, f"unknown ranker kind {kind!r}")
     tables = ItemTables.load(folder / TABLES_FILE)
-    if tables.n_items != retriever_manifest.get("n_items"):
+    if tables.n_items != retriever_manifest.n_items:
         raise ArtifactError(folder / TABLES_FILE, f"describes {tables.n_items} items; the retriever has "
-                            f"{retriever_manifest.get('n_items')}")
+                            f"{retriever_manifest.n_items}")
     try:
         ranker = RANKERS[kind].load(folder, manifest.config)
     except (RuntimeError, OSError, ValueError, KeyError, TypeError) as err:
@@ -164,11 +164,11 @@ def load_ranker(bundle: Path, retriever_manifest: Mapping[str, Any]) -> RankerAr
     return RankerArtifact(folder, manifest, ranker, tables)
 
 
-def _check_lineage(folder: Path, manifest: RankerManifest, retriever_manifest: Mapping[str, Any]) -> None:
+def _check_lineage(folder: Path, manifest: RankerManifest, retriever_manifest: RetrieverManifest) -> None:
     """Mined from this retriever, on this feature list, and every file as it was written."""
-    if manifest.retriever_version != retriever_manifest.get("version"):
+    if manifest.retriever_version != retriever_manifest.version:
         raise ArtifactError(folder, f"was mined from retriever {manifest.retriever_version}, but the bundle "
-                            f"holds {retriever_manifest.get('version')}; retrain it with `seqrec train-ranker`")
+                            f"holds {retriever_manifest.version}; retrain it with `seqrec train-ranker`")
     if manifest.features.get("dense") != list(DENSE_FEATURES):
         raise ArtifactError(folder, "was trained on another feature list than this version of seqrec computes")
     for name, digest in manifest.sha256.items():

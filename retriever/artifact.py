@@ -27,14 +27,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from retriever.atomic import atomic_write, sha256_file, write_jsonl
 from retriever.config import RunConfig, config_from_dict
-from retriever.errors import RetrieverError
+from retriever.errors import RetrieverError, validation_message
 from retriever.index import IndexSpec, build_index, load_index, normalize, save_index
+from retriever.manifest import FORMAT, RetrieverManifest
 from retriever.model import Retriever
 
-FORMAT = "seqrec.retriever/1"
+__all__ = ["FORMAT", "ArtifactError", "RetrieverArtifact", "RetrieverManifest", "load_artifact", "write_artifact"]
 MANIFEST, CONFIG, WEIGHTS, ITEM_IDS, INDEX, HISTORY = (
     "manifest.json", "config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl",
 )
@@ -52,7 +54,7 @@ class ArtifactError(RetrieverError):
 @dataclass(frozen=True)
 class RetrieverArtifact:
     path: Path
-    manifest: dict[str, Any]
+    manifest: RetrieverManifest
     config: RunConfig
     model: Retriever
     item_ids: np.ndarray  # (n_items,) external ids; row r = internal id r + 1
@@ -87,7 +89,7 @@ def write_artifact(
     extra: Mapping[str, Any] | None = None,
     catalogue: Path | None = None,
     popularity: np.ndarray | None = None,
-) -> dict[str, Any]:
+) -> RetrieverManifest:
     """Write the bundle into ``out`` (created if needed); returns the manifest.
 
     catalogue: a prepared folder's items.parquet, copied for the service's item metadata;
@@ -102,19 +104,7 @@ def write_artifact(
     atomic_write(out / ITEM_IDS, lambda p: _save_npy(p, np.asarray(item_ids, dtype=str)))
     vectors = item_matrix(model)
     save_index(build_index(vectors, spec), out / INDEX)
-    files = [CONFIG, WEIGHTS, ITEM_IDS, INDEX]
-    if history is not None:
-        write_jsonl(out / HISTORY, history)
-        files.append(HISTORY)
-    if catalogue is not None:
-        atomic_write(out / CATALOGUE, lambda p: shutil.copyfile(catalogue, p))
-        files.append(CATALOGUE)
-    if popularity is not None:
-        counts = np.asarray(popularity, dtype=np.int64)
-        if counts.shape != (n_items + 1,):
-            raise ValueError(f"popularity must be shaped ({n_items + 1},), got {counts.shape}")
-        atomic_write(out / POPULARITY, lambda p: _save_npy(p, counts))
-        files.append(POPULARITY)
+    files = [CONFIG, WEIGHTS, ITEM_IDS, INDEX, *_write_optional(out, n_items, history, catalogue, popularity)]
     created = datetime.now(UTC)
     digest = {name: sha256_file(out / name) for name in files}
     manifest = {
@@ -132,19 +122,43 @@ def write_artifact(
         **dict(extra or {}),
         "sha256": digest,
     }
-    atomic_write(out / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
-    return manifest
+    return _write_manifest(out, manifest)
 
 
-def rewrite_index(path: Path, spec: IndexSpec) -> dict[str, Any]:
+def _write_optional(out: Path, n_items: int, history: list[dict[str, Any]] | None, catalogue: Path | None,
+                    popularity: np.ndarray | None) -> list[str]:
+    """Write the files a bundle may lack (training log, item metadata, cold-start counts); returns their names."""
+    files = []
+    if history is not None:
+        write_jsonl(out / HISTORY, history)
+        files.append(HISTORY)
+    if catalogue is not None:
+        atomic_write(out / CATALOGUE, lambda p: shutil.copyfile(catalogue, p))
+        files.append(CATALOGUE)
+    if popularity is not None:
+        counts = np.asarray(popularity, dtype=np.int64)
+        if counts.shape != (n_items + 1,):
+            raise ValueError(f"popularity must be shaped ({n_items + 1},), got {counts.shape}")
+        atomic_write(out / POPULARITY, lambda p: _save_npy(p, counts))
+        files.append(POPULARITY)
+    return files
+
+
+def rewrite_index(path: Path, spec: IndexSpec) -> RetrieverManifest:
     """Rebuild items.faiss with another index spec and update the manifest in place."""
     artifact = load_artifact(path, with_index=False)
     save_index(build_index(item_matrix(artifact.model), spec), path / INDEX)
-    manifest = dict(artifact.manifest)
+    manifest = artifact.manifest.to_dict()
     manifest["index"] = spec.to_dict()
     manifest["sha256"] = {**manifest["sha256"], INDEX: sha256_file(path / INDEX)}
-    atomic_write(path / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
-    return manifest
+    return _write_manifest(path, manifest)
+
+
+def _write_manifest(out: Path, manifest: dict[str, Any]) -> RetrieverManifest:
+    """Validate, then write ``manifest`` as given (its key order is the file's)."""
+    record = RetrieverManifest.model_validate(manifest)
+    atomic_write(out / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+    return record
 
 
 def load_artifact(path: str | Path, *, with_index: bool = True, verify: bool = True,
@@ -163,8 +177,8 @@ def load_artifact(path: str | Path, *, with_index: bool = True, verify: bool = T
     except (OSError, ValueError) as err:
         raise ArtifactError(path / ITEM_IDS, f"unreadable: {err}") from None
     n_items = len(item_ids)
-    if n_items != manifest.get("n_items"):
-        raise ArtifactError(path / ITEM_IDS, f"holds {n_items} ids but the manifest says {manifest.get('n_items')}")
+    if n_items != manifest.n_items:
+        raise ArtifactError(path / ITEM_IDS, f"holds {n_items} ids but the manifest says {manifest.n_items}")
     model = config.build(n_items)
     try:
         state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
@@ -175,19 +189,19 @@ def load_artifact(path: str | Path, *, with_index: bool = True, verify: bool = T
     index = None
     if with_index:
         try:
-            index = load_index(path / INDEX, IndexSpec.from_dict(manifest.get("index", {})))
+            index = load_index(path / INDEX, IndexSpec.from_dict(manifest.index))
         except (RuntimeError, ValueError) as err:
             raise ArtifactError(path / INDEX, f"unreadable index: {_first_line(err)}") from None
-        dim = int(manifest.get("dim", -1))
+        dim = manifest.dim if manifest.dim is not None else -1
         if index.ntotal != n_items or index.d != dim:
             raise ArtifactError(path / INDEX, f"holds {index.ntotal} vectors of dim {index.d}; "
                                 f"expected {n_items} of dim {dim}")
     return RetrieverArtifact(path, manifest, config, model, item_ids, index)
 
 
-def verify_checksums(path: Path, manifest: Mapping[str, Any]) -> None:
-    digests = manifest.get("sha256")
-    if not isinstance(digests, dict) or WEIGHTS not in digests:
+def verify_checksums(path: Path, manifest: RetrieverManifest) -> None:
+    digests = manifest.sha256
+    if digests is None or WEIGHTS not in digests:
         raise ArtifactError(path / MANIFEST, "lists no checksums")
     for name, expected in digests.items():
         file = path / name
@@ -198,7 +212,7 @@ def verify_checksums(path: Path, manifest: Mapping[str, Any]) -> None:
 
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _read_manifest(path: Path) -> RetrieverManifest:
     if not path.is_dir():
         raise ArtifactError(path, "no such artifact folder")
     try:
@@ -209,7 +223,10 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise ArtifactError(path / MANIFEST, f"not valid JSON: {err}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(path / MANIFEST, f"not a {FORMAT} manifest")
-    return manifest
+    try:
+        return RetrieverManifest.model_validate(manifest)
+    except ValidationError as err:
+        raise ArtifactError(path / MANIFEST, f"unusable: {validation_message(err)}") from None
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

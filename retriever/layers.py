@@ -7,6 +7,9 @@ are computed once per forward and shared by every layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -25,7 +28,7 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """Gated feed-forward; hidden = expansion * dim (seed 002: expansion 4 works, 8/3 does not)."""
+    """Gated feed-forward; hidden = expansion * dim (retriever-and-ranker reference: 4 works, 8/3 does not)."""
 
     def __init__(self, dim: int, expansion: float = 4.0, dropout: float = 0.0) -> None:
         super().__init__()
@@ -117,26 +120,35 @@ class Block(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
-def init_weights(module: nn.Module) -> None:
-    """GPT-2 style init (normal 0.02, zero biases); row 0 of every embedding (padding) zeroed."""
+Init = Callable[[Tensor], object]
+
+
+def _normal(weight: Tensor) -> object:
+    return nn.init.normal_(weight, std=0.02)
+
+
+def init_module(module: nn.Module, *, linear: Init = _normal, embedding: Init = _normal,
+                padding: Literal["first", "declared"] = "declared") -> None:
+    """Initialise one module for ``nn.Module.apply``: Linear weights by ``linear`` and zero biases,
+    Embedding weights by ``embedding``, then the padding row zeroed: row 0 ("first") or the
+    embedding's declared ``padding_idx`` ("declared", none if it declares none)."""
     if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=0.02)
+        linear(module.weight)
         if module.bias is not None:
             nn.init.zeros_(module.bias)
     elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)
-        with torch.no_grad():
-            module.weight[0].zero_()
+        embedding(module.weight)
+        row = 0 if padding == "first" else module.padding_idx
+        if row is not None:
+            with torch.no_grad():
+                module.weight[row].zero_()
+
+
+def init_weights(module: nn.Module) -> None:
+    """GPT-2 style init (normal 0.02, zero biases); row 0 of every embedding (padding) zeroed."""
+    init_module(module, padding="first")
 
 
 def init_weights_padding_idx(module: nn.Module) -> None:
     """As `init_weights`, but zero only an embedding's declared ``padding_idx`` row."""
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.padding_idx is not None:
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()
+    init_module(module)

@@ -6,7 +6,8 @@ masked out by the caller): ``hidden`` (P, D) user states projected for scoring,
 with the projection to apply to the rows it uses (so in-batch and sampled losses never
 normalise a million-row table).
 
-- ``infonce``: softmax over the distinct targets of the batch (in-batch negatives, seed 002).
+- ``infonce``: softmax over the distinct targets of the batch (in-batch negatives, as the
+  retriever-and-ranker reference trains).
   Duplicates are merged, so an item equal to the positive is never a negative and an item
   that is the target of many positions counts once in the denominator. Optional logQ
   correction (subtract the log of each candidate's chance of being in the set) and extra

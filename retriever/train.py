@@ -1,12 +1,10 @@
 """The retriever's training loop: short and linear, built from named helpers.
 
-Data arrives as CSR arrays of training positions only (no validation or test item), and
-validation is a callback, so this module knows nothing about files or splits. Every
-position of every window is trained at once (causal), never one prefix per sample.
-
-State for ``--resume`` lives in ``run_dir``: ``last.pt`` (model, optimiser, RNG, early-
-stopping counters; rewritten atomically after every epoch), ``best.pt`` (weights of the
-best validation epoch), ``history.jsonl`` and TensorBoard event files under ``tb/``.
+Data arrives as CSR arrays of training positions only (no validation or test item), cut into
+windows by retriever/windows.py, and validation is a callback, so this module knows nothing
+about files or splits. Every position of every window is trained at once (causal), never one
+prefix per sample. What ``--resume`` needs lives in the run folder (retriever/checkpoint.py);
+TensorBoard event files go under ``run_dir/tb/``.
 
 Under torchrun (``dist`` given) every process trains its own shard of each epoch's windows
 with ``batch_size / world_size`` windows per step, so the global batch and the steps per
@@ -16,15 +14,12 @@ epoch match one process; only rank 0 validates and writes anything (retriever/di
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import io
-import json
 import logging
 import math
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,16 +29,23 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from retriever.atomic import atomic_write, write_jsonl
-from retriever.config import ConfigError, RunConfig, config_from_dict
-from retriever.distributed import Distributed, broadcast_bytes, data_parallel, from_main, mean_over_ranks, reseed, shard
+from retriever.checkpoint import (
+    SELECTION_METRIC,
+    TrainState,
+    exclusive_run,
+    load_checkpoint,
+    load_weights,
+    save_checkpoint,
+)
+from retriever.config import ConfigError, RunConfig
+from retriever.distributed import Distributed, data_parallel, from_main, mean_over_ranks, reseed, shard
 from retriever.losses import LossContext, compute_loss, item_log_prob
 from retriever.model import Retriever
+from retriever.windows import batches, make_windows
 
 log = logging.getLogger(__name__)
 
 Validate = Callable[[Retriever], dict[str, float]]
-SELECTION_METRIC = "NDCG@10"
 
 
 @dataclass
@@ -57,51 +59,32 @@ class FitResult:
     sequences_per_second: float = 0.0
 
 
-def make_windows(offsets: np.ndarray, items: np.ndarray, max_len: int, mode: str = "all") -> np.ndarray:
-    """(n_windows, max_len + 1) left-padded training windows.
+@dataclass(frozen=True)
+class TrainingRun:
+    """What every epoch of one ``fit`` shares; built once, before the first epoch.
 
-    A window of w items trains w - 1 next-item targets. "all" cuts sequences longer than
-    max_len + 1 from the end into windows that overlap by one item, so every training
-    target is predicted exactly once; "last" keeps only each user's most recent window.
+    objective: ``BatchLoss`` over ``model`` (wrapped in DistributedDataParallel under torchrun);
+    ctx.generator draws batches and negatives and is saved with every checkpoint.
     """
-    lengths = np.diff(offsets)
-    keep = lengths >= 2
-    ends, lengths = offsets[1:][keep], lengths[keep]
-    n_windows = np.ones_like(lengths) if mode == "last" else -(-(lengths - 1) // max_len)  # ceil
-    user = np.repeat(np.arange(len(lengths)), n_windows)
-    back = np.arange(n_windows.sum()) - np.repeat(np.cumsum(n_windows) - n_windows, n_windows)  # 0 = latest
-    window_ends = ends[user] - back * max_len
-    window_starts = np.maximum(window_ends - (max_len + 1), offsets[1:][keep][user] - lengths[user])
-    width = max_len + 1
-    size = window_ends - window_starts
-    cols = np.arange(width)
-    shift = width - size
-    valid = cols[None, :] >= shift[:, None]  # (n_windows, width)
-    source = window_starts[:, None] + cols[None, :] - shift[:, None]
-    out = np.zeros((len(size), width), dtype=np.int64)
-    out[valid] = items[source[valid]]
-    return out
 
+    config: RunConfig
+    model: Retriever
+    objective: nn.Module
+    optimizer: torch.optim.Optimizer
+    ctx: LossContext
+    run_dir: Path
+    dist: Distributed | None = None
+    progress: bool = True
 
-def batches(windows: Tensor, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
-    """Shuffled batches, each trimmed to its longest window.
+    @property
+    def main(self) -> bool:
+        """Whether this process validates and writes (always, unless a torchrun rank other than 0)."""
+        return self.dist is None or self.dist.is_main
 
-    Windows are sorted by length inside random chunks of 50 batches, so a batch holds
-    similar lengths (far less padding on short-sequence data) and stays random across epochs.
-    """
-    order = torch.randperm(len(windows), generator=generator)
-    lengths = (windows[order] != 0).sum(1)
-    chunk = batch_size * 50
-    parts = []
-    for start in range(0, len(order), chunk):
-        part = order[start : start + chunk]
-        parts.append(part[torch.argsort(lengths[start : start + chunk], descending=True, stable=True)])
-    sorted_order = torch.cat(parts)
-    starts = torch.arange(0, len(sorted_order), batch_size)
-    for start in starts[torch.randperm(len(starts), generator=generator)].tolist():
-        rows = windows[sorted_order[start : start + batch_size]]
-        width = int((rows != 0).sum(1).max())
-        yield rows[:, -width:]
+    @property
+    def generator(self) -> torch.Generator:
+        assert self.ctx.generator is not None  # fit always builds the context with one
+        return self.ctx.generator
 
 
 def lr_at(step: int, total_steps: int, config: RunConfig) -> float:
@@ -131,16 +114,14 @@ def resolve_device(config: RunConfig, local_rank: int | None = None) -> torch.de
     elif config.train.threads:
         torch.set_num_threads(config.train.threads)
     return device
-
-
 class BatchLoss(nn.Module):
     """The whole objective of a (B, T + 1) window batch in one forward.
 
     One forward that uses every parameter (the item table outside ``hidden`` included) is
-    what DistributedDataParallel needs to all-reduce every gradient. Two optional encoder
-    hooks keep model-specific objectives out of the loop: ``training_inputs(batch, generator)
-    -> (inputs, targets, trained mask)`` replaces the next-item shift (BERT4Rec's cloze
-    masking), and ``auxiliary_loss()`` returns a term added after the forward (a ponder cost).
+    what DistributedDataParallel needs to all-reduce every gradient. Two encoder hooks keep
+    model-specific objectives out of the loop (retriever/backbones/base.py): ``training_inputs``
+    replaces the next-item shift (BERT4Rec's cloze masking), and ``auxiliary_loss`` returns a
+    term added after the forward (a ponder cost).
     """
 
     def __init__(self, model: Retriever, config: RunConfig, ctx: LossContext) -> None:
@@ -149,21 +130,16 @@ class BatchLoss(nn.Module):
 
     def forward(self, batch: Tensor) -> Tensor:
         model, loss_config = self.model, self.config.loss
-        prepare = getattr(model.encoder, "training_inputs", None)
-        if prepare is not None:
-            inputs, targets, trained = prepare(batch, self.ctx.generator)
-        else:
-            inputs, targets = batch[:, :-1], batch[:, 1:]
-            trained = (inputs != 0) & (targets != 0)  # the first item of a window has no history to predict it from
+        inputs, targets, trained = model.encoder.training_inputs(batch, self.ctx.generator)
         with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
             hidden = model.hidden(inputs)  # (B, T, D)
         loss = compute_loss(
             loss_config.name, hidden[trained].float(), targets[trained], model.encoder.item_embeddings(), self.ctx,
             logq=loss_config.logq, n_uniform=loss_config.n_uniform, n_negatives=loss_config.n_negatives,
         )
-        auxiliary = getattr(model.encoder, "auxiliary_loss", None)
+        auxiliary = model.encoder.auxiliary_loss()
         if auxiliary is not None:
-            loss = loss + auxiliary()
+            loss = loss + auxiliary
         return loss
 
 
@@ -216,7 +192,7 @@ def fit(
     torch.manual_seed(config.train.seed)
     model = config.build(n_items)
     if item_features is not None:
-        model.encoder.set_item_features(item_features)  # type: ignore[attr-defined]
+        model.encoder.set_item_features(item_features)
     model = model.to(device)
     max_len = config.max_len(n_items)
     windows = torch.from_numpy(make_windows(train_offsets, train_items, max_len, config.train.windows)).to(device)
@@ -234,36 +210,30 @@ def fit(
             raise ConfigError(f"train.batch_size={config.train.batch_size} must be divisible by the "
                               f"{dist.world_size} processes (each trains batch_size / processes windows a step)")
         objective = data_parallel(objective, device, windows[: config.train.batch_size // dist.world_size])
-    main = dist is None or dist.is_main
-    if main:
+    run = TrainingRun(config, model, objective, optimizer, ctx, run_dir, dist, progress)
+    if run.main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(run_dir) if main else contextlib.nullcontext():
-        return _fit_locked(config, model, objective, windows, optimizer, ctx, validate, run_dir, resume,
-                           progress, dist)
+    with exclusive_run(run_dir) if run.main else contextlib.nullcontext():
+        return _fit_locked(run, windows, validate, resume)
 
 
-def _fit_locked(
-    config: RunConfig, model: Retriever, objective: nn.Module, windows: Tensor, optimizer: torch.optim.Optimizer,
-    ctx: LossContext, validate: Validate, run_dir: Path, resume: bool, progress: bool, dist: Distributed | None,
-) -> FitResult:
-    assert ctx.generator is not None
-    generator = ctx.generator
-    state = load_checkpoint(run_dir, model, optimizer, generator, config, dist) if resume else TrainState()
-    main = dist is None or dist.is_main
+def _fit_locked(run: TrainingRun, windows: Tensor, validate: Validate, resume: bool) -> FitResult:
+    config, model, run_dir = run.config, run.model, run.run_dir
+    state = (load_checkpoint(run_dir, model, run.optimizer, run.generator, config, run.dist) if resume
+             else TrainState())
     steps_per_epoch = -(-len(windows) // config.train.batch_size)
     total_steps = steps_per_epoch * config.train.epochs
     device = windows.device
-    writer = _tensorboard(run_dir) if main else _NoWriter()
+    writer = _tensorboard(run_dir) if run.main else _NoWriter()
     log.info("training %s on %d windows (%d steps/epoch) on %s", config.model.backbone, len(windows),
              steps_per_epoch, device)
     started = time.perf_counter() - state.seconds
     for epoch in range(state.epoch + 1, config.train.epochs + 1):
         if state.bad_evals >= config.train.patience or out_of_time(config, state.seconds):  # a resumed, ended run
             break
-        record = run_epoch(model, objective, windows, optimizer, config, ctx, state, writer, total_steps, epoch,
-                           progress=progress and main, dist=dist)
+        record = run_epoch(run, windows, state, writer, total_steps, epoch)
         last_epoch = epoch == config.train.epochs or out_of_time(config, time.perf_counter() - started)
-        if main:
+        if run.main:
             if epoch % config.train.eval_every == 0 or last_epoch:
                 model.eval()
                 metrics = validate(model)
@@ -272,13 +242,17 @@ def _fit_locked(
             state.seconds = time.perf_counter() - started
             state.history.append(record)
             _log_epoch(writer, record, device)
-            save_checkpoint(run_dir, model, optimizer, generator, state, config)
-        stop = main and _stops_after(config, state, epoch, last_epoch)
-        if stop if dist is None else from_main(stop):  # every rank leaves the loop at rank 0's epoch
+            save_checkpoint(run_dir, model, run.optimizer, run.generator, state, config)
+        stop = run.main and _stops_after(config, state, epoch, last_epoch)
+        if stop if run.dist is None else from_main(stop):  # every rank leaves the loop at rank 0's epoch
             break
     writer.close()
-    best = load_weights(run_dir / "best.pt", model) if main and (run_dir / "best.pt").exists() else model
+    best = load_weights(run_dir / "best.pt", model) if run.main and (run_dir / "best.pt").exists() else model
     best.eval()
+    return _result(best, state)
+
+
+def _result(best: Retriever, state: TrainState) -> FitResult:
     total_sequences = sum(r["sequences_per_second"] * r["epoch_seconds"] for r in state.history)
     train_seconds = sum(r["epoch_seconds"] for r in state.history)
     return FitResult(
@@ -303,145 +277,47 @@ def out_of_time(config: RunConfig, elapsed_seconds: float) -> bool:
     """Whether the run's wall-clock budget (train.budget_minutes; resumed time included) is spent."""
     budget = config.train.budget_minutes
     return budget is not None and elapsed_seconds >= 60 * budget
-
-
 def run_epoch(
-    model: Retriever, objective: nn.Module, windows: Tensor, optimizer: torch.optim.Optimizer, config: RunConfig,
-    ctx: LossContext, state: TrainState, writer: Any, total_steps: int, epoch: int, *, progress: bool = True,
-    dist: Distributed | None = None,
+    run: TrainingRun, windows: Tensor, state: TrainState, writer: Any, total_steps: int, epoch: int
 ) -> dict[str, Any]:
     """One pass over the shuffled windows (this rank's shard of them); returns the epoch's record.
 
     The record holds the loss, lr, speed and memory; under torchrun the loss is the mean over
     ranks and the speed counts every rank's windows.
     """
-    objective.train()
-    assert ctx.generator is not None
+    config, dist = run.config, run.dist
+    run.objective.train()
     batch_size, world_size = config.train.batch_size, 1
     if dist is not None:
-        reseed(ctx.generator, config.train.seed, epoch, dist.rank)
+        reseed(run.generator, config.train.seed, epoch, dist.rank)
         windows = shard(windows, config.train.seed, epoch, dist)
         batch_size, world_size = batch_size // dist.world_size, dist.world_size
-    device = windows.device
     steps = -(-len(windows) // batch_size)
     epoch_start = time.perf_counter()
     losses: list[float] = []
     n_sequences = 0
     lr = lr_at(state.step, total_steps, config)
-    bar = tqdm(batches(windows, batch_size, ctx.generator), total=steps, desc=f"epoch {epoch}",
-               unit="batch", disable=not progress or None, leave=False)
+    bar = tqdm(batches(windows, batch_size, run.generator), total=steps, desc=f"epoch {epoch}",
+               unit="batch", disable=not (run.progress and run.main) or None, leave=False)
     for batch in bar:
         lr = lr_at(state.step, total_steps, config)
-        for group in optimizer.param_groups:
+        for group in run.optimizer.param_groups:
             group["lr"] = lr
-        loss, grad_norm = train_step(model, batch, optimizer, config, ctx, objective=objective)
+        loss, grad_norm = train_step(run.model, batch, run.optimizer, config, run.ctx, objective=run.objective)
         if dist is not None:
             loss = mean_over_ranks(loss)
         losses.append(loss)
         n_sequences += len(batch) * world_size
         state.step += 1
         bar.set_postfix(loss=f"{loss:.4f}", seq_s=f"{n_sequences / max(1e-9, time.perf_counter() - epoch_start):.0f}")
-        writer.add_scalar("train/loss", loss, state.step)
-        writer.add_scalar("train/lr", lr, state.step)
-        writer.add_scalar("train/grad_norm", grad_norm, state.step)
+        for name, value in (("loss", loss), ("lr", lr), ("grad_norm", grad_norm)):
+            writer.add_scalar(f"train/{name}", value, state.step)
     seconds = time.perf_counter() - epoch_start
     return {
         "epoch": epoch, "step": state.step, "loss": float(np.mean(losses)), "lr": lr,
         "epoch_seconds": round(seconds, 3), "sequences_per_second": round(n_sequences / seconds, 1),
-        "peak_memory_mb": _peak_memory_mb(device),
+        "peak_memory_mb": _peak_memory_mb(windows.device),
     }
-
-
-@dataclass
-class TrainState:
-    epoch: int = 0
-    step: int = 0
-    best_epoch: int = 0
-    best_metric: float = -math.inf
-    bad_evals: int = 0
-    seconds: float = 0.0
-    seconds_to_best: float = 0.0
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-    def observe(self, epoch: int, metric: float, model: Retriever, run_dir: Path, elapsed: float) -> None:
-        self.epoch = epoch
-        if metric > self.best_metric:
-            self.best_metric, self.best_epoch, self.bad_evals = metric, epoch, 0
-            self.seconds_to_best = elapsed
-            atomic_torch_save(model.state_dict(), run_dir / "best.pt")
-        else:
-            self.bad_evals += 1
-
-
-def save_checkpoint(
-    run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator,
-    state: TrainState, config: RunConfig,
-) -> None:
-    write_jsonl(run_dir / "history.jsonl", state.history)
-    state.epoch = state.history[-1]["epoch"] if state.history else state.epoch
-    atomic_torch_save({
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-        "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
-        "config": config.model_dump_json(),
-        "state": {k: v for k, v in vars(state).items() if k != "history"},
-        "history": json.dumps(state.history),
-    }, run_dir / "last.pt")
-
-
-def same_run_config(stored_json: str, config: RunConfig) -> bool:
-    """Whether a checkpoint's config is ``config``; keys added to the config since it was written count
-    with their defaults (a field added by an upgrade must not orphan every unfinished run)."""
-    try:
-        stored = config_from_dict(json.loads(stored_json), source="checkpoint config")
-    except ValueError:  # unreadable JSON or a config today's schema refuses (a ConfigError is a ValueError)
-        return False
-    return stored.model_dump() == config.model_dump()
-
-
-def load_checkpoint(
-    run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator, config: RunConfig,
-    dist: Distributed | None = None,
-) -> TrainState:
-    """Restore ``run_dir/last.pt``; under torchrun rank 0 reads the file and every rank loads its bytes."""
-    path = run_dir / "last.pt"
-    if dist is None:
-        data = path.read_bytes() if path.exists() else None
-    else:
-        data = broadcast_bytes(path.read_bytes() if dist.is_main and path.exists() else None)
-    if data is None:
-        log.warning("--resume: no checkpoint in %s, starting from scratch", run_dir)
-        return TrainState()
-    saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    if not same_run_config(saved["config"], config):
-        raise ConfigError(f"{path}: was written with a different config; resume with the same config or a new --out")
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    generator.set_state(saved["generator"])
-    torch.set_rng_state(saved["torch_rng"])
-    state = TrainState(**saved["state"], history=json.loads(saved["history"]))
-    log.info("resumed from %s at epoch %d (best %s %.4f at epoch %d)", path, state.epoch, SELECTION_METRIC,
-             state.best_metric, state.best_epoch)
-    return state
-
-
-@contextlib.contextmanager
-def _exclusive(run_dir: Path) -> Iterator[None]:
-    """One training process per run folder; the OS drops the lock when the process dies, even by kill -9."""
-    with (run_dir / ".lock").open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"{run_dir} is in use by another training process") from None
-        yield
-
-
-def load_weights(path: Path, model: Retriever) -> Retriever:
-    model.load_state_dict(torch.load(path, map_location=next(model.parameters()).device, weights_only=True))
-    return model
-
-
-def atomic_torch_save(obj: object, path: Path) -> None:
-    atomic_write(path, lambda p: torch.save(obj, p))
 
 
 def _peak_memory_mb(device: torch.device) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 from service.bundle import Bundle
 from service.engine import Engine
 from service.metrics import Metrics
-from service.recommend import NeedsCausalModel, Query, is_causal
+from service.recommend import NeedsCausalModel, Query
 from service.schemas import RecommendRequest
 from service.store import HistoryStore
 
@@ -33,7 +33,8 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     unknown = list(dict.fromkeys(i for i, j in zip(raw, known, strict=True) if j is None))
     history = [j for j in known if j is not None]
     used = history[-bundle.max_len :]
-    if body.personalize and not is_causal(bundle.artifact.model):
+    # checked per request, before batching, so one bad request never fails the batch it would join
+    if body.personalize and not bundle.artifact.model.causal:
         backbone = bundle.artifact.manifest.get("backbone")
         raise NeedsCausalModel(f"needs a causal model; this bundle's backbone is {backbone}")
     if not used:

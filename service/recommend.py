@@ -23,7 +23,6 @@ from ranker.mining import padded_slices
 from retriever.artifact import RetrieverArtifact
 from retriever.errors import SeqrecError
 from retriever.index import search
-from retriever.model import Retriever
 
 
 class Servable(Protocol):
@@ -68,18 +67,6 @@ class Result(Generic[B]):
 
 class NeedsCausalModel(SeqrecError):
     """`personalize` asked of a bundle whose encoder reads the whole window (its input holds the targets)."""
-
-
-# The PCRec-simple hooks, in one place: both switch to Retriever.personalize/causal when the retriever
-# contract lands. The check runs per request, before batching, so one bad request never fails a batch.
-def is_causal(model: Retriever) -> bool:
-    return bool(getattr(model.encoder, "causal", True))
-
-
-def personalize(model: Retriever, history: torch.Tensor, *, beta: float, steps: int) -> torch.Tensor:
-    from retriever.backbones.pcrec import personalize as pcrec_personalize
-
-    return pcrec_personalize(model, history, beta, steps)
 
 
 def recommend_batch(bundle: B, queries: Sequence[Query], *, beta: float = 1e-5, steps: int = 1) -> list[Result[B]]:
@@ -127,7 +114,7 @@ def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Que
         user[plain] = vectors
     special = [i for i, q in enumerate(queries) if q.personalize]
     if special:
-        user[special] = personalize(model, history[special], beta=beta, steps=steps).detach().float()
+        user[special] = model.personalize(history[special], beta=beta, steps=steps).detach().float()
     return torch.nn.functional.normalize(user, dim=-1)
 
 

@@ -80,14 +80,14 @@ def inference_seconds(model: Retriever, inputs: Sequences, max_len: int, batch_s
 
 def average_inference_steps(model: Retriever, inputs: Sequences, max_len: int, batch_size: int,
                             device: torch.device) -> float | None:
-    """Mean recurrence steps per user, for encoders that halt adaptively (they expose ``last_average_steps``)."""
+    """Mean recurrence steps per user, for encoders that halt adaptively (``last_average_steps`` is not None)."""
     encoder = model.encoder
-    if not hasattr(encoder, "last_average_steps"):
+    if encoder.last_average_steps is None:
         return None
     total = 0.0
     with torch.inference_mode():
         for start in range(0, len(inputs), batch_size):
             rows = np.arange(start, min(start + batch_size, len(inputs)))
             model.user_vectors(torch.from_numpy(inputs.padded(rows, max_len)).to(device))
-            total += float(encoder.last_average_steps) * len(rows)  # the mean over this batch's users
+            total += (encoder.last_average_steps or 0.0) * len(rows)  # the mean over this batch's users
     return round(total / max(1, len(inputs)), 3)

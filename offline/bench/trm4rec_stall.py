@@ -38,7 +38,8 @@ from offline.tables import markdown_header, markdown_row
 from retriever.config import RunConfig, load_config
 from retriever.losses import LossContext, item_log_prob
 from retriever.model import Retriever
-from retriever.train import BatchLoss, make_windows
+from retriever.train import BatchLoss
+from retriever.windows import make_windows
 
 
 def train_until(command: list[str], run_dir: Path, epochs: int) -> None:

@@ -18,7 +18,7 @@ from offline.data.errors import DataError
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut, Split
 from offline.evaluation.evaluate import EVAL_KS, evaluate_vectors, index_target_ranks, summarize
-from retriever.artifact import RetrieverArtifact, load_artifact, write_artifact
+from retriever.artifact import RetrieverArtifact, RetrieverManifest, load_artifact, write_artifact
 from retriever.config import RunConfig, config_from_dict
 from retriever.distributed import Distributed, broadcast_bytes, process_group
 from retriever.errors import SeqrecError
@@ -93,7 +93,7 @@ def index_metrics(artifact: RetrieverArtifact, split: LeaveOneOut, splits: tuple
 def train_retriever(
     config: RunConfig, data: PreparedDataset, out: Path, *, resume: bool = False, index_spec: IndexSpec | None = None,
     dist: Distributed | None = None,
-) -> dict[str, Any]:
+) -> RetrieverManifest:
     """Fit, evaluate on valid and test, write the artifact to ``out``; returns its manifest.
 
     dist: this process's place in a torchrun job. All ranks train; rank 0 alone evaluates and
@@ -105,15 +105,15 @@ def train_retriever(
         return manifest
     with process_group(dist, resolve_device(config, dist.local_rank)):
         manifest = _train_retriever(config, data, out, resume, index_spec, dist)
-        text = broadcast_bytes(json.dumps(manifest).encode() if dist.is_main else None)
+        text = broadcast_bytes(json.dumps(manifest.to_dict()).encode() if manifest is not None else None)
     assert text is not None
-    return manifest if manifest is not None else json.loads(text)
+    return manifest if manifest is not None else RetrieverManifest.model_validate_json(text)
 
 
 def _train_retriever(
     config: RunConfig, data: PreparedDataset, out: Path, resume: bool, index_spec: IndexSpec | None,
     dist: Distributed | None,
-) -> dict[str, Any] | None:
+) -> RetrieverManifest | None:
     """The manifest of the artifact written to ``out``; None on ranks other than 0, which write nothing."""
     features = None
     if config.model.item_features:
@@ -171,7 +171,7 @@ def evaluate_artifact(path: Path, data: PreparedDataset, *, ks: tuple[int, ...] 
     model = artifact.model
 
     dense = dense_metrics(model, split, data.n_items, artifact.max_len, batch_size=batch_size, ks=ks)
-    result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest["version"], **dense}
+    result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest.version, **dense}
     if use_index:
-        result["index"] = {"spec": artifact.manifest.get("index"), **index_metrics(artifact, split, ks=ks)}
+        result["index"] = {"spec": artifact.manifest.index, **index_metrics(artifact, split, ks=ks)}
     return result

@@ -1,39 +1,30 @@
 """Registry of sequence encoders: a new model is one file plus one line here.
 
-Every encoder maps (B, T) item ids (0 = padding, left-padded) to (B, T, D) hidden states
-and exposes its (n_items + 1, D) output item table; `retriever.model.Retriever` turns that
-into user vectors and scores, so losses, training, export and serving are shared.
+Every encoder derives from ``SequenceEncoder`` (base.py), which states the contract and the
+optional hooks with their defaults; `retriever.model.Retriever` turns an encoder into user
+vectors and scores, so losses, training, export and serving are shared.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
-from torch import Tensor, nn
-
+from retriever.backbones.base import SequenceEncoder
 from retriever.backbones.bert4rec import BERT4Rec, BERT4RecConfig
-from retriever.backbones.gru4rec import GRU4Rec, GRU4RecConfig
 from retriever.backbones.hstu import HSTU, HSTUConfig
 from retriever.backbones.lightsans import LightSANs, LightSANsConfig
-from retriever.backbones.lstm import LSTM, LSTMConfig
 from retriever.backbones.pcrec import PCRec, PCRecConfig
+from retriever.backbones.rnn import LSTM, GRU4Rec, GRU4RecConfig, LSTMConfig
 from retriever.backbones.sasrec import SASRec, SASRecConfig
 from retriever.backbones.transformer import Transformer, TransformerConfig
 from retriever.backbones.trm4rec import TRM4Rec, TRM4RecConfig
 from retriever.backbones.xlstm import XLSTM, XLSTMConfig
 
+__all__ = ["BACKBONES", "SequenceEncoder", "backbone_config", "build_encoder"]
 
-class SequenceEncoder(Protocol):
-    config: Any
-
-    def __call__(self, item_ids: Tensor) -> Tensor: ...  # (B, T) -> (B, T, D)
-
-    def item_embeddings(self) -> Tensor: ...  # (n_items + 1, D)
-
-
-BACKBONES: dict[str, tuple[type, type[nn.Module]]] = {
+BACKBONES: dict[str, tuple[type, type[SequenceEncoder]]] = {
     "transformer": (TransformerConfig, Transformer),
     "sasrec": (SASRecConfig, SASRec),
     "trm4rec": (TRM4RecConfig, TRM4Rec),
@@ -62,5 +53,4 @@ def backbone_config(name: str, n_items: int, params: Mapping[str, Any]) -> Any:
 
 
 def build_encoder(name: str, config: Any) -> SequenceEncoder:
-    encoder: SequenceEncoder = BACKBONES[name][1](config)  # type: ignore[assignment]  # registry holds encoders
-    return encoder
+    return BACKBONES[name][1](config)

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from retriever.layers import attention_mask
+from retriever.backbones.base import SequenceEncoder
+from retriever.layers import attention_mask, init_module
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class PostNormBlock(nn.Module):
         return self.ffn_norm(x + self.drop(self.ffn(x)))
 
 
-class BERT4Rec(nn.Module):
+class BERT4Rec(SequenceEncoder):
     causal = False  # every position sees the whole window; the contract's causality test does not apply
 
     def __init__(self, config: BERT4RecConfig) -> None:
@@ -122,7 +123,7 @@ class BERT4Rec(nn.Module):
         """(n_items + 1, D) output table, shared with the input; the mask token's row is left out."""
         return self.item_emb.weight[: self.config.n_items + 1]
 
-    def training_inputs(self, batch: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    def training_inputs(self, batch: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T + 1) windows -> (inputs, targets, trained): the cloze task (see the module docstring).
 
         inputs: the window with masked items replaced by the mask token; targets: the original
@@ -143,13 +144,9 @@ class BERT4Rec(nn.Module):
         return inputs, targets, masked
 
 
+def _truncated_normal(weight: Tensor) -> object:
+    return nn.init.trunc_normal_(weight, std=0.02, a=-0.04, b=0.04)
+
+
 def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02, a=-0.04, b=0.04)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.trunc_normal_(module.weight, std=0.02, a=-0.04, b=0.04)
-        if module.padding_idx is not None:
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()
+    init_module(module, linear=_truncated_normal, embedding=_truncated_normal)

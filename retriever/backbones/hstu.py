@@ -1,4 +1,4 @@
-"""HSTU (Zhai et al., ICML 2024, "Actions Speak Louder than Words"), the base of seed 003.
+"""HSTU (Zhai et al., ICML 2024, "Actions Speak Louder than Words"), the base of PCRec (KDD 2025).
 
 Per layer, as in the paper and its reference code (``generative-recommenders``):
 
@@ -32,6 +32,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from retriever.backbones.base import SequenceEncoder
+from retriever.layers import init_module
 
 TIME_BUCKET_WIDTH = 0.301  # ln-gap per bucket, from the reference code
 
@@ -98,7 +101,7 @@ class HSTULayer(nn.Module):
         return x + self.f2(self.drop(y * u))
 
 
-class HSTU(nn.Module):
+class HSTU(SequenceEncoder):
     def __init__(self, config: HSTUConfig) -> None:
         super().__init__()
         if config.d_model % config.n_heads:
@@ -139,12 +142,4 @@ class HSTU(nn.Module):
 
 
 def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.xavier_uniform_(module.weight)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, std=0.02)
-        if module.padding_idx is not None:
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()
+    init_module(module, linear=nn.init.xavier_uniform_)

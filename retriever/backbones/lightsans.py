@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from retriever.backbones.base import SequenceEncoder
 from retriever.layers import attention_mask, init_weights_padding_idx
 
 SCORE_LIMIT = 40.0  # exp(40) * max_len * |value| stays far below the float32 limit (3.4e38)
@@ -115,7 +116,7 @@ class LightBlock(nn.Module):
         return self.ffn_norm(x + self.drop(self.ffn(x)))
 
 
-class LightSANs(nn.Module):
+class LightSANs(SequenceEncoder):
     def __init__(self, config: LightSANsConfig) -> None:
         super().__init__()
         if config.d_model % config.n_heads:

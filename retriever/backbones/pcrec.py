@@ -1,6 +1,6 @@
-"""PCRec (Xie et al., KDD 2025; seed 003) and PCRec-simple (``personalize``).
+"""PCRec (Xie et al., KDD 2025).
 
-**Base** (seed 003, 4.2.1), a compact HSTU layer of our own: item embedding times sqrt(D)
+**Base** (4.2.1), a compact HSTU layer of our own: item embedding times sqrt(D)
 plus a learned position (counted from the right, as in ``sasrec``, so extra left padding
 changes nothing), then per layer
 
@@ -15,7 +15,7 @@ the paper's rab is left out, as the encoder sees item ids only. Dividing by the 
 **Predictive coding in the forward pass** (4.2.4). The L + 1 states s_0 (embeddings) ...
 s_L (last layer) of the feed-forward pass are the initial activities of a hierarchy in
 which each state is predicted from the one before it by mixing over the sequence (the
-seed's Figure 4; it numbers layers from the output, so its s_0 is our s_L):
+paper's Figure 4; it numbers layers from the output, so its s_0 is our s_L):
 
     mu_j = theta_j f(s_{j-1})      theta_j: (T, T), row i mixes positions k <= i
     eps_j = s_j - mu_j             E = 1/2 sum_j ||eps_j||^2
@@ -30,7 +30,7 @@ f is softplus by default (the paper's best with sigmoid). The output is the rela
 RMS-normalised. The weight update is a per-user fast weight: after it, the prediction at
 position i gains alpha * sum_k (eps_i . f_k) f_k, a linear attention over the user's own
 states; it is trained end to end through these updates, gamma and the base theta with it.
-Choices the seed leaves open, and our reasons:
+Choices the paper leaves open, and our reasons:
 
 - Causality. theta^T eps would carry the errors of later positions back to earlier ones,
   which leaks the future when every position is trained at once; the activity update keeps
@@ -40,33 +40,29 @@ Choices the seed leaves open, and our reasons:
   unchanged and one table serves any length), zero on padded rows and columns.
 - alpha is given per dimension and position: the update applied is
   alpha / (d_model * max_len) * eps f^T, so one alpha suits every size (the raw sum grows
-  with both; the seed's alpha is this one rescaled by a constant).
-- Order within a step follows the seed, activities first and weights second (with errors
+  with both; the paper's alpha is this one rescaled by a constant).
+- Order within a step follows the paper, activities first and weights second (with errors
   recomputed from the updated activities); a weight update is read only by the next step,
   so the last step's is skipped: ``pc_steps=1`` updates activities only. A change to a
   state reaches the output after as many steps as that state is layers below it.
 
-**PCRec-simple** (4.2.3) is ``personalize``: a few plain gradient steps of rate beta on a
-user's own history (cross-entropy of every next item of the history, i.e. the seed's KL to
-a one-hot target) before reading out that user's vector; any causal backbone.
+**PCRec-simple** (4.2.3) works with any causal backbone, so it is not here but in
+``Retriever.personalize`` (retriever/model.py).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from retriever.backbones.base import SequenceEncoder
 from retriever.layers import RMSNorm, init_weights_padding_idx
-
-if TYPE_CHECKING:  # retriever.model imports this package; the type is all we need
-    from retriever.model import Retriever
 
 Activation = Literal["softplus", "sigmoid", "tanh", "relu", "identity"]
 Fn = Callable[[Tensor], Tensor]
@@ -168,7 +164,7 @@ def energy(errors: list[Tensor]) -> Tensor:
     return 0.5 * torch.stack([e.pow(2).sum((1, 2)) for e in errors]).sum(0)
 
 
-class PCRec(nn.Module):
+class PCRec(SequenceEncoder):
     def __init__(self, config: PCRecConfig) -> None:
         super().__init__()
         if config.d_model % config.n_heads:
@@ -214,63 +210,3 @@ class PCRec(nn.Module):
     def item_embeddings(self) -> Tensor:
         """(n_items + 1, D) output table, shared with the input (row 0 = padding)."""
         return self.item_emb.weight
-
-
-def history_loss(model: Retriever, item_ids: Tensor) -> Tensor | None:
-    """Mean cross-entropy (over all items) of every next item within (B, T) histories; None if there is none."""
-    inputs, targets = item_ids[:, :-1], item_ids[:, 1:]
-    trained = (inputs != 0) & (targets != 0)
-    if not trained.any():
-        return None
-    hidden = model.hidden(inputs)[trained]  # (P, D)
-    logits = hidden @ model.item_vectors()[1:].T / model.temperature  # (P, n_items); padding is not a class
-    return F.cross_entropy(logits, targets[trained] - 1)
-
-
-def adapt_to_history(model: Retriever, item_ids: Tensor, beta: float, steps: int) -> None:
-    """``steps`` plain gradient steps of rate ``beta`` on ``history_loss``, in place, every parameter."""
-    params = list(model.parameters())
-    for _ in range(steps):
-        loss = history_loss(model, item_ids)
-        if loss is None:  # a single item has no next item to learn from
-            return
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        with torch.no_grad():
-            for p, grad in zip(params, grads, strict=True):
-                if grad is not None:
-                    p.sub_(beta * grad)
-
-
-def personalize(model: Retriever, history: Tensor, beta: float, steps: int = 1) -> Tensor:
-    """PCRec-simple: (B, T) left-padded histories -> (B, D) user vectors, each read after ``steps``
-    gradient steps of rate ``beta`` on that user's own ``history_loss`` (all parameters).
-
-    Users are optimised one at a time, each from the served weights. The steps run on a
-    private copy of the model, so ``model`` is never written to and requests served from it
-    concurrently are unaffected. Call outside ``torch.inference_mode``.
-    """
-    if not getattr(model.encoder, "causal", True):
-        raise ValueError("personalize needs a causal encoder: a bidirectional one sees each target in its input")
-    if history.ndim != 2:
-        raise ValueError(f"history must be (B, T) item ids, got shape {tuple(history.shape)}")
-    if beta < 0 or steps < 0:
-        raise ValueError(f"beta and steps must be >= 0, got {beta} and {steps}")
-    if beta == 0 or steps == 0:
-        with torch.no_grad():
-            return model.user_vectors(history)
-    work = copy.deepcopy(model).eval()
-    served, params = list(model.parameters()), list(work.parameters())
-    for p in params:
-        p.requires_grad_(True)  # a served model may have switched gradients off
-    vectors = []
-    with torch.enable_grad():
-        for row in history:
-            real = row.nonzero()
-            ids = row[int(real[0]) if len(real) else 0 :].unsqueeze(0)  # (1, n): leading padding dropped
-            with torch.no_grad():
-                for p, original in zip(params, served, strict=True):
-                    p.copy_(original)
-            adapt_to_history(work, ids, beta, steps)
-            with torch.no_grad():
-                vectors.append(work.user_vectors(ids))
-    return torch.cat(vectors)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from retriever.backbones.base import SequenceEncoder
 from retriever.layers import attention_mask
 
 
@@ -53,7 +54,7 @@ class SASRecBlock(nn.Module):
         return normed + self.drop(self.ffn(normed))
 
 
-class SASRec(nn.Module):
+class SASRec(SequenceEncoder):
     def __init__(self, config: SASRecConfig) -> None:
         super().__init__()
         if config.d_model % config.n_heads:

@@ -1,4 +1,5 @@
-"""The "modern recsys stack" retriever of seed 002: RoPE, SwiGLU, RMSNorm, pre-norm, causal SDPA.
+"""The "modern recsys stack" retriever of the retriever-and-ranker reference: RoPE, SwiGLU, RMSNorm,
+pre-norm, causal SDPA.
 
 Differs from SASRec in four places: rotary positions on q/k instead of a learned absolute
 table, SwiGLU (expansion 4) instead of ReLU, RMSNorm instead of LayerNorm, and a final norm.
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from retriever.backbones.base import SequenceEncoder
 from retriever.layers import Block, RMSNorm, attention_mask, init_weights, rope_tables
 
 
@@ -31,7 +33,7 @@ class TransformerConfig:
     features_per_item: int = 0
 
 
-class Transformer(nn.Module):
+class Transformer(SequenceEncoder):
     item_features: Tensor
 
     def __init__(self, config: TransformerConfig) -> None:

@@ -1,4 +1,4 @@
-"""TRM4Rec (seed 000): a recursive transformer, B distinct blocks looped S times with shared weights.
+"""TRM4Rec (the TRM4Rec study): a recursive transformer, B distinct blocks looped S times with shared weights.
 
 Depth and parameters are decoupled: ``n_steps`` (S) sets the compute, ``n_blocks`` (B) the
 parameters, so S4, S8 and S16 have the parameter count of one block and S4-B2 of two. The
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from retriever.backbones.base import SequenceEncoder
 from retriever.layers import Block, RMSNorm, attention_mask, init_weights, rope_tables
 
 
@@ -45,7 +46,7 @@ class TRM4RecConfig:
     ponder_cost: float = 0.01
 
 
-class TRM4Rec(nn.Module):
+class TRM4Rec(SequenceEncoder):
     def __init__(self, config: TRM4RecConfig) -> None:
         super().__init__()
         if config.n_steps < 1 or config.n_blocks < 1:
@@ -67,7 +68,7 @@ class TRM4Rec(nn.Module):
             # Graves 2016 / Universal Transformer: a positive bias starts every position at a
             # couple of steps instead of the full budget, so early training stays cheap.
             nn.init.constant_(self.halt.bias, 1.0)
-        self.last_average_steps: float = float(config.n_steps)
+        self.last_average_steps = float(config.n_steps)
         self._ponder: Tensor | None = None
 
     def forward(self, item_ids: Tensor) -> Tensor:

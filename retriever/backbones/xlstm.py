@@ -1,4 +1,4 @@
-"""xLSTM with mLSTM blocks (Beck et al. 2024; the xLSTM study of seeds 001 and 004), plain PyTorch.
+"""xLSTM with mLSTM blocks (Beck et al. 2024; the xLSTM study), plain PyTorch.
 
 The mLSTM cell keeps, per head, a matrix memory and a normaliser:
 
@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from retriever.backbones.base import SequenceEncoder
 from retriever.layers import RMSNorm, init_weights
 
 
@@ -183,7 +184,7 @@ class MLSTMBlock(nn.Module):
         return (x + self.mlstm(self.norm(x), real)) * real[..., None]
 
 
-class XLSTM(nn.Module):
+class XLSTM(SequenceEncoder):
     def __init__(self, config: XLSTMConfig) -> None:
         super().__init__()
         if config.chunk_size < 1 or config.conv_kernel < 1:

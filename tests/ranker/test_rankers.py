@@ -112,7 +112,7 @@ def test_a_ranker_from_another_retriever_or_a_corrupt_file_is_refused(setup, tmp
     shutil.copytree(artifact.path, bundle)
     write_ranker(bundle, lgbm, item_tables(data, data.split()), retriever_manifest=artifact.manifest)
     with pytest.raises(ArtifactError, match="mined from retriever") as info:
-        load_ranker(bundle, {**artifact.manifest, "version": "another"})
+        load_ranker(bundle, artifact.manifest.model_copy(update={"version": "another"}))
     assert isinstance(info.value, SeqrecError)  # one class for a bad artifact folder, under the one root
     model = bundle / "ranker" / "lgbm.txt"
     model.write_text(model.read_text()[:200])

@@ -13,7 +13,7 @@ from offline.data.sequences import Sequences
 from offline.data.split import leave_one_out
 from offline.evaluation.evaluate import evaluate_splits
 from retriever.artifact import load_artifact, write_artifact
-from retriever.backbones import BACKBONES, backbone_config, build_encoder
+from retriever.backbones import BACKBONES, SequenceEncoder, backbone_config, build_encoder
 from retriever.config import config_from_dict
 from retriever.model import Retriever
 from retriever.train import fit
@@ -31,7 +31,7 @@ def _params(name: str, **changes: Any) -> dict[str, Any]:
     return {k: v for k, v in {**TINY, **TINY_EXTRA.get(name, {}), **changes}.items() if k in fields}
 
 
-def _encoder(name: str) -> torch.nn.Module:
+def _encoder(name: str) -> SequenceEncoder:
     torch.manual_seed(0)
     config = backbone_config(name, N_ITEMS, _params(name))
     return build_encoder(name, config).eval()
@@ -54,7 +54,7 @@ def test_shapes(name: str) -> None:
 
 def test_causal_changing_item_t_plus_one_leaves_earlier_outputs(name: str) -> None:
     encoder = _encoder(name)
-    if not getattr(encoder, "causal", True):
+    if not encoder.causal:
         pytest.skip(f"{name} is bidirectional by design")
     ids = torch.randint(1, N_ITEMS + 1, (2, 8))
     changed = ids.clone()
@@ -78,7 +78,7 @@ def test_unknown_option_is_a_clear_error(name: str) -> None:
 
 def test_user_vector_shortcut_matches_the_full_forward(name: str) -> None:
     encoder = _encoder(name)
-    if not getattr(encoder, "causal", True):
+    if not encoder.causal:
         pytest.skip(f"{name} reads the user at an appended mask token; its own tests check encode_last")
     ids = torch.randint(0, N_ITEMS + 1, (4, 9))
     ids[:, -1] = torch.randint(1, N_ITEMS + 1, (4,))

@@ -1,24 +1,12 @@
-"""PCRec: its updates are gradient steps on the prediction-error energy; PCRec-simple leaves the
-served model untouched and works with every causal backbone."""
+"""PCRec: its updates are gradient steps on the prediction-error energy (PCRec-simple, which
+works with every causal backbone, is tested with the retriever in test_model.py)."""
 
-import copy
 import dataclasses
 
 import pytest
 import torch
 
-from retriever.backbones import BACKBONES, backbone_config, build_encoder
-from retriever.backbones.pcrec import (
-    ACTIVATIONS,
-    PCRec,
-    PCRecConfig,
-    PredictiveCoding,
-    adapt_to_history,
-    energy,
-    history_loss,
-    personalize,
-)
-from retriever.model import Retriever
+from retriever.backbones.pcrec import ACTIVATIONS, PCRec, PCRecConfig, PredictiveCoding, energy
 
 N_ITEMS = 30
 
@@ -145,72 +133,6 @@ def test_base_theta_and_positions_ignore_left_padding_at_every_position() -> Non
     assert torch.allclose(model(padded)[:, 3:][real], model(ids)[real], atol=1e-12)
 
 
-# ---- PCRec-simple -------------------------------------------------------------------------------------
-
-TINY = {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 12, "dropout": 0.0}
-CAUSAL = sorted(name for name in BACKBONES if getattr(BACKBONES[name][1], "causal", True))
-
-
-def _retriever(name: str) -> Retriever:
-    fields = {f.name for f in dataclasses.fields(BACKBONES[name][0])}
-    torch.manual_seed(0)
-    encoder = build_encoder(name, backbone_config(name, N_ITEMS, {k: v for k, v in TINY.items() if k in fields}))
-    return Retriever(encoder).eval()
-
-
-@pytest.mark.parametrize("name", CAUSAL)
-def test_personalize_changes_the_vector_and_leaves_the_weights_bit_identical(name: str) -> None:
-    model = _retriever(name)
-    history = torch.randint(1, N_ITEMS + 1, (2, 8), generator=torch.Generator().manual_seed(3))
-    history[1, :2] = 0
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    with torch.no_grad():
-        plain = model.user_vectors(history)
-    personal = personalize(model, history, beta=0.5)
-    assert personal.shape == plain.shape
-    assert not torch.allclose(personal, plain, atol=1e-4)
-    after = model.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)
-    assert torch.allclose(personalize(model, history, beta=0.0), plain)
-    # each user is optimised alone, from the served weights
-    one_by_one = torch.cat([personalize(model, history[i : i + 1], beta=0.5) for i in range(2)])
-    assert torch.allclose(personal, one_by_one, atol=1e-6)
-
-
-@pytest.mark.parametrize("name", CAUSAL)
-def test_the_step_lowers_the_loss_on_the_users_own_history(name: str) -> None:
-    model = _retriever(name)
-    history = torch.randint(1, N_ITEMS + 1, (1, 8), generator=torch.Generator().manual_seed(4))
-    work = copy.deepcopy(model)
-    before = history_loss(work, history)
-    assert before is not None
-    grads = torch.autograd.grad(before, list(work.parameters()), allow_unused=True)
-    squared_norm = sum(float(g.pow(2).sum()) for g in grads if g is not None)
-    # A step small against the curvature: at random init, cosine scores of tiny embeddings make it steep.
-    adapt_to_history(work, history, beta=0.01 / squared_norm, steps=1)  # first-order decrease: 0.01 nats
-    with torch.no_grad():
-        after = history_loss(work, history)
-    assert after is not None
-    assert float(before.detach()) - 0.02 < float(after) < float(before.detach()) - 0.002
-
-
-def test_personalize_ignores_left_padding_and_short_histories() -> None:
-    model = _retriever("pcrec")
-    history = torch.randint(1, N_ITEMS + 1, (1, 6), generator=torch.Generator().manual_seed(5))
-    padded = torch.nn.functional.pad(history, (4, 0))
-    assert torch.allclose(personalize(model, padded, beta=0.5), personalize(model, history, beta=0.5), atol=1e-6)
-    single = torch.tensor([[0, 0, 7]])
-    with torch.no_grad():
-        assert torch.allclose(personalize(model, single, beta=0.5), model.user_vectors(single), atol=1e-6)
-
-
 def test_unknown_activation_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="activation"):
         PCRec(PCRecConfig(n_items=5, activation="gelu"))  # type: ignore[arg-type]
-
-
-def test_personalize_refuses_a_bidirectional_encoder() -> None:
-    model = _retriever("pcrec")
-    model.encoder.causal = False  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="causal"):
-        personalize(model, torch.tensor([[1, 2, 3]]), beta=0.1)

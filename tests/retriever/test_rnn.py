@@ -6,8 +6,7 @@ from typing import Any
 import pytest
 import torch
 
-from retriever.backbones.gru4rec import GRU4Rec, GRU4RecConfig, left_align, restore_alignment
-from retriever.backbones.lstm import LSTM, LSTMConfig
+from retriever.backbones.rnn import LSTM, GRU4Rec, GRU4RecConfig, LSTMConfig, left_align, restore_alignment
 
 N_ITEMS = 20
 MODELS: dict[str, tuple[type, type[torch.nn.Module]]] = {

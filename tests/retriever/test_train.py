@@ -9,7 +9,7 @@ from offline.data.split import leave_one_out
 from offline.evaluation.evaluate import evaluate_splits
 from retriever.config import ConfigError, config_from_dict
 from retriever.model import Retriever
-from retriever.train import batches, fit, lr_at, make_windows
+from retriever.train import fit, lr_at
 
 TINY = {
     "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_len": 8, "dropout": 0.0, "emb_dropout": 0.0},
@@ -25,25 +25,6 @@ def _cycle_sequences(n_users: int = 200, n_items: int = 30, length: int = 10, se
     starts = rng.integers(0, n_items, n_users)
     rows = [[(s + t) % n_items + 1 for t in range(length)] for s in starts]
     return Sequences.from_lists(rows)
-
-
-def test_make_windows_covers_every_training_target_once() -> None:
-    seqs = Sequences.from_lists([[1, 2, 3, 4, 5, 6, 7], [8, 9], [10]])
-    windows = make_windows(seqs.offsets, seqs.items, max_len=3)
-    assert windows.tolist() == [[4, 5, 6, 7], [1, 2, 3, 4], [0, 0, 8, 9]]
-    last = make_windows(seqs.offsets, seqs.items, max_len=3, mode="last")
-    assert last.tolist() == [[4, 5, 6, 7], [0, 0, 8, 9]]
-    targets = sorted(int(t) for w in windows for i, t in enumerate(w[1:]) if w[i] != 0)
-    assert targets == [2, 3, 4, 5, 6, 7, 9]
-
-
-def test_batches_are_trimmed_and_cover_every_window_once() -> None:
-    windows = torch.tensor([[0, 0, 0, 1, 2], [0, 3, 4, 5, 6], [0, 0, 7, 8, 9], [0, 0, 0, 10, 11]])
-    seen = []
-    for batch in batches(windows, 2, torch.Generator().manual_seed(0)):
-        assert (batch != 0).sum(1).max() == batch.shape[1]  # no all-padding column
-        seen += [int(row[row != 0][0]) for row in batch]
-    assert sorted(seen) == [1, 3, 7, 10]
 
 
 def test_lr_schedule_warms_up_then_decays() -> None:

@@ -1,0 +1,61 @@
+"""The retriever's training data: CSR sequences -> fixed-width windows -> shuffled batches.
+
+Windows are cut from arrays of training positions only (no validation or test item), so this
+module knows nothing about files or splits. The training loop owns the per-epoch shuffle: its
+generator is part of the ``--resume`` checkpoint, so an interrupted run draws the same batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def make_windows(offsets: np.ndarray, items: np.ndarray, max_len: int, mode: str = "all") -> np.ndarray:
+    """(n_windows, max_len + 1) left-padded training windows.
+
+    A window of w items trains w - 1 next-item targets. "all" cuts sequences longer than
+    max_len + 1 from the end into windows that overlap by one item, so every training
+    target is predicted exactly once; "last" keeps only each user's most recent window.
+    """
+    lengths = np.diff(offsets)
+    keep = lengths >= 2
+    ends, lengths = offsets[1:][keep], lengths[keep]
+    n_windows = np.ones_like(lengths) if mode == "last" else -(-(lengths - 1) // max_len)  # ceil
+    user = np.repeat(np.arange(len(lengths)), n_windows)
+    back = np.arange(n_windows.sum()) - np.repeat(np.cumsum(n_windows) - n_windows, n_windows)  # 0 = latest
+    window_ends = ends[user] - back * max_len
+    window_starts = np.maximum(window_ends - (max_len + 1), offsets[1:][keep][user] - lengths[user])
+    width = max_len + 1
+    size = window_ends - window_starts
+    cols = np.arange(width)
+    shift = width - size
+    valid = cols[None, :] >= shift[:, None]  # (n_windows, width)
+    source = window_starts[:, None] + cols[None, :] - shift[:, None]
+    out = np.zeros((len(size), width), dtype=np.int64)
+    out[valid] = items[source[valid]]
+    return out
+
+
+def batches(windows: Tensor, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """Shuffled batches, each trimmed to its longest window.
+
+    Windows are sorted by length inside random chunks of 50 batches, so a batch holds
+    similar lengths (far less padding on short-sequence data) and stays random across epochs.
+    """
+    order = torch.randperm(len(windows), generator=generator)
+    lengths = (windows[order] != 0).sum(1)
+    chunk = batch_size * 50
+    parts = []
+    for start in range(0, len(order), chunk):
+        part = order[start : start + chunk]
+        parts.append(part[torch.argsort(lengths[start : start + chunk], descending=True, stable=True)])
+    sorted_order = torch.cat(parts)
+    starts = torch.arange(0, len(sorted_order), batch_size)
+    for start in starts[torch.randperm(len(starts), generator=generator)].tolist():
+        rows = windows[sorted_order[start : start + batch_size]]
+        width = int((rows != 0).sum(1).max())
+        yield rows[:, -width:]
