@@ -22,6 +22,8 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from retriever.windows import padded_slices
+
 # (B, T) left-padded histories -> (B, D) unit user vectors for the index.
 Encoder = Callable[[Tensor], Tensor]
 
@@ -81,21 +83,6 @@ def training_groups(offsets: np.ndarray, per_user: int, min_history: int = 1) ->
         target_pos.append(pos[ok])
         history_start.append(starts[ok])
     return np.concatenate(history_start).astype(np.int64), np.concatenate(target_pos).astype(np.int64)
-
-
-def padded_slices(items: np.ndarray, start: np.ndarray, end: np.ndarray, max_len: int | None = None) -> np.ndarray:
-    """(G, T) left-padded items[start:end] per row, keeping the last ``max_len``."""
-    if max_len is not None:
-        start = np.maximum(start, end - max_len)
-    lengths = end - start
-    width = max(int(lengths.max()) if len(lengths) else 0, 1)
-    cols = np.arange(width)
-    shift = width - lengths
-    valid = cols[None, :] >= shift[:, None]
-    source = start[:, None] + cols[None, :] - shift[:, None]
-    out = np.zeros((len(start), width), dtype=np.int64)
-    out[valid] = items[source[valid]]
-    return out
 
 
 def mine(

@@ -21,8 +21,9 @@ from tqdm import tqdm
 from ranker.config import MLPConfig
 from ranker.features import FeatureBatch, TorchTables, compute_features, standardize_stats
 from ranker.lgbm import LGBMRanker, fit_lgbm
-from ranker.mining import Encoder, Mined, padded_slices
+from ranker.mining import Encoder, Mined
 from ranker.mlp import MLPRanker, group_loss
+from retriever.windows import padded_slices
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The retriever's training data: CSR sequences -> fixed-width windows -> shuffled batches.
+"""The retriever's inputs from CSR sequences: left-padded histories (for encoding: serving, mining,
+evaluation) and fixed-width training windows -> shuffled batches.
 
 Windows are cut from arrays of training positions only (no validation or test item), so this
 module knows nothing about files or splits. The training loop owns the per-epoch shuffle: its
@@ -12,6 +13,21 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 from torch import Tensor
+
+
+def padded_slices(items: np.ndarray, start: np.ndarray, end: np.ndarray, max_len: int | None = None) -> np.ndarray:
+    """(G, T) left-padded items[start:end] per row, keeping the last ``max_len``."""
+    if max_len is not None:
+        start = np.maximum(start, end - max_len)
+    lengths = end - start
+    width = max(int(lengths.max()) if len(lengths) else 0, 1)
+    cols = np.arange(width)
+    shift = width - lengths
+    valid = cols[None, :] >= shift[:, None]
+    source = start[:, None] + cols[None, :] - shift[:, None]
+    out = np.zeros((len(start), width), dtype=np.int64)
+    out[valid] = items[source[valid]]
+    return out
 
 
 def make_windows(offsets: np.ndarray, items: np.ndarray, max_len: int, mode: str = "all") -> np.ndarray:

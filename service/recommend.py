@@ -19,10 +19,10 @@ import torch
 
 from ranker.artifact import RankerArtifact
 from ranker.features import TorchTables, compute_features
-from ranker.mining import padded_slices
 from retriever.artifact import RetrieverArtifact
 from retriever.errors import SeqrecError
 from retriever.index import search
+from retriever.windows import padded_slices
 
 
 class Servable(Protocol):

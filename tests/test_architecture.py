@@ -229,41 +229,10 @@ def oversized(root: Path, packages: Iterable[str], max_module: int, max_function
     return found
 
 
-# --- known offenders -----------------------------------------------------------------------------
-# Each entry is a finding of the tree as the issue 25 refactor started; the engineers of that issue
-# remove them. Each has an xfail(strict=True) test below, so fixing one fails until its entry goes.
-
-KNOWN_CYCLES = [
-    # the bench registry and the index bench import each other (issue 25: one bench package, no cycle)
-    frozenset({"offline.bench.index", "offline.bench.models"}),
-]
-KNOWN_WRONG_WAY: list[tuple[str, str]] = []  # (importer, imported)
-KNOWN_TRAINING_REACHED = [
-    # service.pipeline pads histories with ranker.mining.padded_slices; the helper belongs with the
-    # features the service and the ranker's training share (issue 25: service/ and ranker/)
-    "ranker.mining",
-]
-
-# Over the size limits. Every entry says why it may stay, or that issue 25 splits it.
-ALLOWED_MODULES = {
-    "retriever/index.py": "issue 25: FAISS index build/search and the large-catalogue paths to split",
-    "retriever/train.py": "issue 25, item 6: windowing and batching move to the data code",
-    "offline/bench/faults.py": "issue 25: one shared process/load helper shrinks every bench",
-    "offline/bench/models.py": "issue 25: the bench registry, its parser and the results table to split",
-    "offline/bench/scale.py": "issue 25: one shared process/load helper shrinks every bench",
-    "offline/bench/serve.py": "issue 25: the process helpers (free port, uvicorn, redis) move to one module",
-    "offline/cli/__init__.py": "issue 25, item 1: the CLI is split by command group",
-}
-ALLOWED_FUNCTIONS = {
-    "ranker/features.py:compute_features": "issue 25: the ranker's feature table, to be split by feature group",
-    "service/app.py:create_app": "issue 25, item 3: one closure holding every route, to become routers",
-    "offline/bench/faults.py:bad_push": "issue 25: the bench scenarios share the process helpers",
-    "offline/bench/models.py:merge_results": "issue 25: bench run records become pydantic models (item 5)",
-    "offline/bench/models.py:add_bench_parser": "issue 25, item 1: the CLI is split by command group",
-    "offline/bench/open_loop.py:_open_loop": "issue 25, item 2: one open-loop load client",
-    "offline/bench/replicas.py:main": "issue 25: the bench scenarios share the process helpers",
-    "offline/jobs/rank.py:train_ranker": "issue 25, item 5: one RankerConfig instead of the argument list",
-}
+# --- allowed exceptions ----------------------------------------------------------------------------
+# Over the size limits, each with the reason it may stay. Empty: every module and function is within them.
+ALLOWED_MODULES: dict[str, str] = {}
+ALLOWED_FUNCTIONS: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -281,18 +250,18 @@ def test_every_package_is_walked(found):
 
 
 def test_no_import_cycle(found):
-    unknown = [" -> ".join(c) for c in cycles(found) if frozenset(c) not in KNOWN_CYCLES]
-    assert unknown == [], "import cycles:\n" + "\n".join(unknown)
+    found_cycles = [" -> ".join(c) for c in cycles(found)]
+    assert found_cycles == [], "import cycles:\n" + "\n".join(found_cycles)
 
 
 def test_imports_point_one_way(found):
-    unknown = [str(i) for i in wrong_way(found, LAYERS) if (i.importer, i.imported) not in KNOWN_WRONG_WAY]
-    assert unknown == [], "imports against retriever <- ranker <- service <- offline:\n" + "\n".join(unknown)
+    against = [str(i) for i in wrong_way(found, LAYERS)]
+    assert against == [], "imports against retriever <- ranker <- service <- offline:\n" + "\n".join(against)
 
 
 def test_the_service_reaches_no_training_module(found):
     service = [m for m in module_files(ROOT, LAYERS) if m.split(".")[0] == "service"]
-    chains = [" -> ".join(c) for c in reaches(found, service, TRAINING_MODULES) if c[-1] not in KNOWN_TRAINING_REACHED]
+    chains = [" -> ".join(c) for c in reaches(found, service, TRAINING_MODULES)]
     assert chains == [], "the service imports a training module:\n" + "\n".join(chains)
 
 
@@ -309,25 +278,6 @@ def test_the_size_allow_lists_hold_only_offenders():
     over = {o.where for o in oversized(ROOT, LAYERS, MAX_MODULE_LINES, MAX_FUNCTION_LINES)}
     stale = sorted(set(ALLOWED_MODULES) - over) + sorted(set(ALLOWED_FUNCTIONS) - over)
     assert stale == [], "no longer over the limit; remove from the allow-list: " + ", ".join(stale)
-
-
-@pytest.mark.xfail(strict=True, reason="a known cycle, fixed by issue 25: when it passes, drop it from KNOWN_CYCLES")
-@pytest.mark.parametrize("group", KNOWN_CYCLES, ids=[" <-> ".join(sorted(g)) for g in KNOWN_CYCLES])
-def test_known_cycle_is_gone(found, group):
-    assert not any(group <= set(c) for c in cycles(found))
-
-
-@pytest.mark.xfail(strict=True, reason="a known wrong-way import: when it passes, drop it from KNOWN_WRONG_WAY")
-@pytest.mark.parametrize("edge", KNOWN_WRONG_WAY, ids=[" -> ".join(e) for e in KNOWN_WRONG_WAY])
-def test_known_wrong_way_import_is_gone(found, edge):
-    assert edge not in {(i.importer, i.imported) for i in wrong_way(found, LAYERS)}
-
-
-@pytest.mark.xfail(strict=True, reason="the service reaches a training module: when it passes, drop the entry")
-@pytest.mark.parametrize("module", KNOWN_TRAINING_REACHED)
-def test_known_training_module_is_out_of_the_service(found, module):
-    service = [m for m in module_files(ROOT, LAYERS) if m.split(".")[0] == "service"]
-    assert module not in {c[-1] for c in reaches(found, service, TRAINING_MODULES)}
 
 
 # --- the walker itself, on tiny packages ---------------------------------------------------------

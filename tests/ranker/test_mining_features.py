@@ -7,9 +7,10 @@ import torch
 from offline.data.sequences import Sequences
 from offline.data.split import leave_one_out
 from ranker.features import COLUMN, DENSE_FEATURES, ID_DERIVED, FeatureBatch, ItemTables, compute_features
-from ranker.mining import mine, padded_slices, training_groups
+from ranker.mining import mine, training_groups
 from ranker.train import FeatureSource, features, make_groups
 from retriever.index import IndexSpec, build_index, normalize
+from retriever.windows import padded_slices
 
 N_ITEMS = 12
 
