@@ -1,8 +1,8 @@
 """`seqrec analyze`: an HTML report on one or more trained models over the same prepared data.
 
-1. item-embedding geometry (seed 004): spectrum, intrinsic dimension, hubness, t-SNE, norms,
+1. item-embedding geometry (the xLSTM study): spectrum, intrinsic dimension, hubness, t-SNE, norms,
    anisotropy, linear CKA between the models (`offline.analysis.geometry`);
-2. where each model wins (seed 003): head vs long-tail targets and history-length buckets
+2. where each model wins (PCRec, KDD 2025): head vs long-tail targets and history-length buckets
    (`offline.evaluation.breakdown`);
 3. readable predictions for a few users, retriever and reranked order (`offline.analysis.predictions`);
 4. training curves from each artifact's ``history.jsonl``.

@@ -1,4 +1,4 @@
-"""Geometry of an item-embedding matrix, for seed 004's embedding-geometry analysis.
+"""Geometry of an item-embedding matrix, for the xLSTM study's embedding-geometry analysis.
 
 A retriever's ranking quality depends on how its item table fills the embedding space:
 how many directions carry variance (spectrum, participation ratio, TwoNN intrinsic

@@ -1,4 +1,4 @@
-"""`seqrec bench latency`: inference latency and throughput against sequence length (seed 004's study).
+"""`seqrec bench latency`: inference latency and throughput against sequence length (the xLSTM study).
 
 Each model is built from its config with ``max_len`` set to the longest length and randomly
 initialised weights: the work of a forward pass does not depend on what the weights learned

@@ -1,4 +1,4 @@
-"""Where a model wins: metrics on head vs long-tail targets and by history length (seed 003, figures 7-8).
+"""Where a model wins: metrics on head vs long-tail targets and by history length (PCRec (KDD 2025), figures 7-8).
 
 Every model is scored from the same per-user full-ranking ranks `seqrec evaluate` computes
 (history excluded, ties against the target), and the users are grouped by facts of the data

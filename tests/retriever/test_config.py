@@ -22,7 +22,7 @@ def test_committed_configs_exist_for_the_reference_datasets() -> None:
             "ml-20m/transformer.yaml"} <= names
 
 
-def test_seed_002_settings_for_movielens() -> None:
+def test_the_reference_retriever_settings_for_movielens() -> None:
     for name in ("ml-1m", "ml-20m"):
         config = load_config(Path(__file__).parents[2] / "configs" / name / "transformer.yaml")
         params = config.model.backbone_params()
