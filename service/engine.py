@@ -21,7 +21,7 @@ import torch
 from service.bundle import Bundle, load_bundle
 from service.recommend import Query, Result, recommend_batch
 
-log = logging.getLogger("service.pipeline")  # the logger name these log lines have always carried
+log = logging.getLogger(__name__)
 
 
 _Pending = tuple[Query, Bundle, asyncio.Future[Result[Bundle]]]  # a queued request and the bundle its ids belong to

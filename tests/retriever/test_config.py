@@ -5,7 +5,7 @@ import pytest
 from retriever.config import ConfigError, apply_overrides, config_from_dict, load_config, parse_cli_overrides
 
 CONFIGS = sorted(p for p in (Path(__file__).parents[2] / "configs").glob("*/*.yaml")
-                 if p.parent.name != "pipeline")  # pipeline configs: tests/offline/test_pipeline.py
+                 if p.parent.name != "pipeline")  # pipeline configs: tests/offline/jobs/test_pipeline.py
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.name}" for p in CONFIGS])
