@@ -8,7 +8,9 @@ when it runs, so `seqrec --help` stays fast. The flags several subcommands share
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 SubParsers = argparse._SubParsersAction  # argparse exposes no public name for it
@@ -216,37 +218,19 @@ def _add_scale(tools: SubParsers, common: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- handlers (imports load here)
 
 
-def _run_bench(args: argparse.Namespace) -> int:
-    from offline.bench.models import run_bench  # torch and the training stack load only here
+def _deferred(module: str, function: str) -> Callable[[argparse.Namespace], int]:
+    """A handler that imports ``module`` (torch, faiss, matplotlib or the load client) only when it runs."""
 
-    return run_bench(args)
+    def run(args: argparse.Namespace) -> int:
+        handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), function)
+        return handler(args)
 
-
-def _run_merge(args: argparse.Namespace) -> int:
-    from offline.bench.models import run_merge
-
-    return run_merge(args)
+    return run
 
 
-def _run_latency(args: argparse.Namespace) -> int:
-    from offline.bench.latency import run_latency  # matplotlib and the timing loop load only here
-
-    return run_latency(args)
-
-
-def _run_serve(args: argparse.Namespace) -> int:
-    from offline.bench.serve import run_serve_bench  # the load client loads only here
-
-    return run_serve_bench(args)
-
-
-def _run_index(args: argparse.Namespace) -> int:
-    from offline.bench.index import run_index_bench  # faiss loads only here
-
-    return run_index_bench(args)
-
-
-def _run_scale(args: argparse.Namespace) -> int:
-    from offline.bench.scale import run_scale  # torch, faiss and matplotlib load only here
-
-    return run_scale(args)
+_run_bench = _deferred("offline.bench.models", "run_bench")
+_run_merge = _deferred("offline.bench.models", "run_merge")
+_run_latency = _deferred("offline.bench.latency", "run_latency")
+_run_serve = _deferred("offline.bench.serve", "run_serve_bench")
+_run_index = _deferred("offline.bench.index", "run_index_bench")
+_run_scale = _deferred("offline.bench.scale", "run_scale")
