@@ -107,16 +107,21 @@ def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read YAML (or start from defaults), apply ``section.key=value`` overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        loaded = read_yaml(path, "config file")
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         raw = loaded or {}
     return config_from_dict(apply_overrides(raw, overrides), source=str(path or "defaults"))
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """The parsed YAML of ``path``; a missing file or bad YAML is a one-line `ConfigError` naming ``what``."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such {what}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
 
 
 def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfig:

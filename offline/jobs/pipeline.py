@@ -26,13 +26,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
 from offline.tables import markdown_table
 from ranker.config import RankerSection
 from retriever.atomic import atomic_write
+from retriever.config import read_yaml
 from retriever.errors import SeqrecError, validation_message
 
 log = logging.getLogger(__name__)
@@ -67,12 +67,7 @@ class PipelineConfig(_Strict):
 
 
 def load_pipeline_config(path: Path) -> PipelineConfig:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise SeqrecError(f"{path}: no such pipeline config") from None
-    except yaml.YAMLError as err:
-        raise SeqrecError(f"{path}: not valid YAML: {err}") from None
+    raw = read_yaml(path, "pipeline config")
     try:
         config = PipelineConfig.model_validate(raw or {})
     except ValidationError as err:
