@@ -53,9 +53,7 @@ class RankerManifest(BaseModel):
     """BUNDLE/ranker/manifest.json. Every field but ``format`` has a default so that a manifest
     missing one is refused by `load_ranker` with its own message (feature list, checksum, kind),
     as before the manifest was typed; fields beyond these (a newer writer's) are kept.
-
-    ``manifest["kind"]`` and ``manifest.get("mining")`` still work, for callers that read the
-    manifest as the dict it used to be; written back, it gives the same JSON (same keys, same order).
+    Read it by attribute; ``to_json_dict()`` gives the JSON it was written as (same keys, same order).
     """
 
     model_config = ConfigDict(extra="allow", frozen=True)
@@ -73,15 +71,6 @@ class RankerManifest(BaseModel):
     dataset: dict[str, Any] | None = None  # the prepared dataset's path and checksums
     sha256: dict[str, str] = {}
 
-    def __getitem__(self, key: str) -> Any:
-        data = self.to_json_dict()
-        if key not in data:
-            raise KeyError(key)
-        return data[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_json_dict().get(key, default)
-
     def to_json_dict(self) -> dict[str, Any]:
         """The manifest as written: only the keys it was given, in the order the writer uses."""
         return self.model_dump(exclude_unset=True)
@@ -98,6 +87,14 @@ class RankerArtifact:
     def kind(self) -> str:
         return str(self.manifest.kind)
 
+    @property
+    def depth(self) -> int:
+        """The retriever depth the ranker was trained to rerank (its manifest's mining record)."""
+        mining = self.manifest.mining
+        if mining is None or "depth" not in mining:
+            raise ArtifactError(self.path / MANIFEST, "records no mining depth; retrain it with `seqrec train-ranker`")
+        return int(mining["depth"])
+
 
 def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: RetrieverManifest,
                  metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> RankerManifest:
@@ -112,7 +109,7 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
         manifest = RankerManifest(
             format=FORMAT, kind=ranker.kind, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             retriever_version=retriever_manifest.version,
-            features=feature_spec(tables, int(retriever_manifest.dim or 0)), config=saved["config"],
+            features=feature_spec(tables, retriever_manifest.dim), config=saved["config"],
             metrics=dict(metrics or {}), **dict(extra or {}),
             sha256={name: sha256_file(tmp / name) for name in files},
         )

@@ -36,7 +36,8 @@ from retriever.index import IndexSpec, build_index, load_index, normalize, save_
 from retriever.manifest import FORMAT, RetrieverManifest
 from retriever.model import Retriever
 
-__all__ = ["FORMAT", "ArtifactError", "RetrieverArtifact", "RetrieverManifest", "load_artifact", "write_artifact"]
+__all__ = ["FORMAT", "ArtifactError", "RetrieverArtifact", "RetrieverManifest", "load_artifact", "read_manifest",
+           "write_artifact"]
 MANIFEST, CONFIG, WEIGHTS, ITEM_IDS, INDEX, HISTORY = (
     "manifest.json", "config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl",
 )
@@ -148,10 +149,10 @@ def rewrite_index(path: Path, spec: IndexSpec) -> RetrieverManifest:
     """Rebuild items.faiss with another index spec and update the manifest in place."""
     artifact = load_artifact(path, with_index=False)
     save_index(build_index(item_matrix(artifact.model), spec), path / INDEX)
-    manifest = artifact.manifest.to_dict()
-    manifest["index"] = spec.to_dict()
-    manifest["sha256"] = {**manifest["sha256"], INDEX: sha256_file(path / INDEX)}
-    return _write_manifest(path, manifest)
+    fields = artifact.manifest.to_dict()  # the file's keys, for writing back
+    fields["index"] = spec.to_dict()
+    fields["sha256"] = {**fields["sha256"], INDEX: sha256_file(path / INDEX)}
+    return _write_manifest(path, fields)
 
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> RetrieverManifest:
@@ -165,7 +166,7 @@ def load_artifact(path: str | Path, *, with_index: bool = True, verify: bool = T
                   device: str | torch.device = "cpu") -> RetrieverArtifact:
     """Rebuild the model from the folder alone; refuse it on any checksum or shape mismatch."""
     path = Path(path)
-    manifest = _read_manifest(path)
+    manifest = read_manifest(path)
     if verify:
         verify_checksums(path, manifest)
     try:
@@ -192,10 +193,9 @@ def load_artifact(path: str | Path, *, with_index: bool = True, verify: bool = T
             index = load_index(path / INDEX, IndexSpec.from_dict(manifest.index))
         except (RuntimeError, ValueError) as err:
             raise ArtifactError(path / INDEX, f"unreadable index: {_first_line(err)}") from None
-        dim = manifest.dim if manifest.dim is not None else -1
-        if index.ntotal != n_items or index.d != dim:
+        if index.ntotal != n_items or index.d != manifest.dim:
             raise ArtifactError(path / INDEX, f"holds {index.ntotal} vectors of dim {index.d}; "
-                                f"expected {n_items} of dim {dim}")
+                                f"expected {n_items} of dim {manifest.dim}")
     return RetrieverArtifact(path, manifest, config, model, item_ids, index)
 
 
@@ -211,8 +211,8 @@ def verify_checksums(path: Path, manifest: RetrieverManifest) -> None:
             raise ArtifactError(file, "checksum does not match the manifest (changed, truncated or corrupt)")
 
 
-
-def _read_manifest(path: Path) -> RetrieverManifest:
+def read_manifest(path: Path) -> RetrieverManifest:
+    """PATH/manifest.json as the typed record, refused (ArtifactError) when missing, unreadable or incomplete."""
     if not path.is_dir():
         raise ArtifactError(path, "no such artifact folder")
     try:

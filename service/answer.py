@@ -35,8 +35,7 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     used = history[-bundle.max_len :]
     # checked per request, before batching, so one bad request never fails the batch it would join
     if body.personalize and not bundle.artifact.model.causal:
-        backbone = bundle.artifact.manifest.get("backbone")
-        raise NeedsCausalModel(f"needs a causal model; this bundle's backbone is {backbone}")
+        raise NeedsCausalModel(f"needs a causal model; this bundle's backbone is {bundle.artifact.manifest.backbone}")
     if not used:
         metrics.fallbacks.labels("popularity").inc()
         return _popular(bundle, body, history, unknown, start)

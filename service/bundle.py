@@ -58,7 +58,7 @@ class Bundle:
 
     @property
     def version(self) -> str:
-        return str(self.artifact.manifest["version"])
+        return self.artifact.manifest.version
 
     @property
     def max_len(self) -> int:
@@ -91,12 +91,12 @@ class Bundle:
         return {
             "model_version": self.version,
             "path": str(self.path),
-            "backbone": manifest.get("backbone"),
+            "backbone": manifest.backbone,
             "n_items": self.n_items,
             "max_len": self.max_len,
             "ranker": None if self.ranker is None else self.ranker.kind,
             "catalogue": bool(self.metadata and any(self.metadata)),
-            "created_at": manifest.get("created_at"),
+            "created_at": manifest.created_at,
         }
 
 

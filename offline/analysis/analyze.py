@@ -142,9 +142,9 @@ def build_report(paths: Sequence[Path], data: PreparedDataset, options: AnalyzeO
     report: dict[str, Any] = {
         "data": {"path": str(data.path), "users": data.n_users, "items": data.n_items},
         "options": {**options.__dict__, "length_edges": list(options.length_edges), "user_ids": list(options.user_ids)},
-        "models": [{"label": label, "path": str(a.path), "version": a.manifest.get("version"),
+        "models": [{"label": label, "path": str(a.path), "version": a.manifest.version,
                     "backbone": a.config.model.backbone, "similarity": a.config.model.similarity,
-                    "metrics": a.manifest.get("metrics")}
+                    "metrics": a.manifest.metrics}
                    for label, a in models.items()],
         "geometry": {label: geometry(v, k=options.k) for label, v in vectors.items()},
         "cka": cka_section(vectors),

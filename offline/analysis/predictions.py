@@ -68,7 +68,7 @@ def top_k(artifact: RetrieverArtifact, split: LeaveOneOut, rows: np.ndarray, k: 
     if artifact.index is None:
         raise SeqrecError(f"{artifact.path}: readable predictions need the artifact's index")
     ranker = load_ranker(artifact.path, artifact.manifest)
-    depth = max(k, int(ranker.manifest["mining"]["depth"])) if ranker is not None else k
+    depth = max(k, ranker.depth) if ranker is not None else k
     inputs = split.inputs("test")
     encode = user_encoder(artifact)
     mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1][rows], inputs.offsets[1:][rows],

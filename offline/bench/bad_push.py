@@ -92,7 +92,9 @@ def break_bundle(dest: Path, kind: str) -> str:
 
 
 def bundle_version(bundle: Path) -> str:
-    return str(json.loads((bundle / "manifest.json").read_text())["version"])
+    from retriever.artifact import read_manifest
+
+    return read_manifest(bundle).version
 
 
 def bad_push(url: str, artifacts: Path, good: Path, broken: Mapping[str, tuple[Path, str]], new: Path,

@@ -9,14 +9,13 @@ command this script prints. Runs already finished in --out are reused, not retra
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from offline.tables import markdown_table
+from retriever.artifact import MANIFEST, ArtifactError, read_manifest
 
 
 def variants(n_uniform: int) -> dict[str, list[str]]:
@@ -30,8 +29,11 @@ def variants(n_uniform: int) -> dict[str, list[str]]:
     }
 
 
-def _row(name: str, manifest: dict[str, Any]) -> list[str]:
-    v, t, tr = manifest["metrics"]["valid"], manifest["metrics"]["test"], manifest["training"]
+def _row(name: str, run: Path) -> list[str]:
+    manifest = read_manifest(run)
+    v, t, tr = manifest.metrics["valid"], manifest.metrics["test"], manifest.training
+    if tr is None:
+        raise ArtifactError(run / MANIFEST, "records no training summary; it was not written by `seqrec train`")
     return [name, f"{v['NDCG@10']:.4f}", f"{v['HR@10']:.4f}", f"{t['NDCG@10']:.4f}", f"{t['HR@10']:.4f}",
             str(tr["best_epoch"]), f"{tr['seconds_to_best']:.0f}", f"{tr['sequences_per_second']:.0f}"]
 
@@ -56,10 +58,9 @@ def main() -> int:
         print("$", shlex.join(command), file=sys.stderr)
         if not (out / "manifest.json").exists():
             subprocess.run(command, check=True)
-        manifest = json.loads((out / "manifest.json").read_text())
-        rows.append((name, manifest))
+        rows.append((name, out))
     head = ["loss", "valid NDCG@10", "valid HR@10", "test NDCG@10", "test HR@10", "best epoch", "s to best", "seq/s"]
-    print(markdown_table(head, [_row(name, m) for name, m in rows]))
+    print(markdown_table(head, [_row(name, run) for name, run in rows]))
     return 0
 
 

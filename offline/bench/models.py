@@ -122,14 +122,15 @@ def run_one(spec: ModelSpec, seed: int, data: PreparedDataset, out: Path, option
 
 def train_and_measure(config: RunConfig, data: PreparedDataset, run_dir: Path, infer_batch: int) -> dict[str, Any]:
     from offline.jobs.train import train_retriever
+    from retriever.artifact import read_manifest
 
     measured = run_dir / "bench.json"
     if (run_dir / "manifest.json").exists():
         stored = json.loads((run_dir / "config.json").read_text())
         if not same_config(config.model_dump(mode="json"), stored):
             raise SeqrecError(f"{run_dir} holds a run with another config; use a new --out or remove that folder")
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-        if measured.exists() and json.loads(measured.read_text()).get("version") == manifest["version"]:
+        version = read_manifest(run_dir).version
+        if measured.exists() and json.loads(measured.read_text()).get("version") == version:
             log.info("%s: finished earlier, reusing it", run_dir)
             return dict(json.loads(measured.read_text()))
     else:
@@ -162,7 +163,7 @@ def measure_run(run_dir: Path, data: PreparedDataset, infer_batch: int) -> dict[
     import torch
 
     from offline.bench.measure import average_inference_steps, count_parameters, forward_flops, inference_seconds
-    from retriever.artifact import load_artifact
+    from retriever.artifact import MANIFEST, ArtifactError, load_artifact
     from retriever.train import resolve_device
 
     artifact = load_artifact(run_dir, with_index=False)
@@ -171,9 +172,11 @@ def measure_run(run_dir: Path, data: PreparedDataset, infer_batch: int) -> dict[
     manifest, max_len = artifact.manifest, artifact.max_len
     history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     test = data.split().inputs("test")
-    training = manifest["training"]
+    training = manifest.training
+    if training is None:
+        raise ArtifactError(run_dir / MANIFEST, "records no training summary; it was not written by `seqrec train`")
     return {
-        "version": manifest["version"],
+        "version": manifest.version,
         "max_len": max_len,
         "params": count_parameters(model),
         "flops": forward_flops(model.encoder, max_len, data.n_items, device),
@@ -186,8 +189,8 @@ def measure_run(run_dir: Path, data: PreparedDataset, infer_batch: int) -> dict[
         "seconds": training["seconds"],
         "sequences_per_second": training["sequences_per_second"],
         "torch_threads": torch.get_num_threads(),
-        "valid": manifest["metrics"]["valid"],
-        "test": manifest["metrics"]["test"],
+        "valid": manifest.metrics["valid"],
+        "test": manifest.metrics["test"],
     }
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
@@ -63,8 +62,8 @@ def _train(args: argparse.Namespace) -> int:
                                dist=dist)
     if dist is not None and not dist.is_main:
         return 0
-    summary = {"artifact": str(args.out), "version": manifest["version"], "training": manifest["training"],
-               **manifest["metrics"]}
+    summary = {"artifact": str(args.out), "version": manifest.version, "training": manifest.training,
+               **manifest.metrics}
     print_json(summary)
     return 0
 
@@ -93,21 +92,21 @@ def add_export_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 def _export(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from retriever.artifact import rewrite_index
+    from retriever.artifact import ArtifactError, read_manifest, rewrite_index
     from retriever.index import IndexSpec, spec_for_catalogue
 
     if args.index == "auto":
-        manifest = json.loads((args.artifact / "manifest.json").read_text()) if (
-            args.artifact / "manifest.json").is_file() else {}
-        if "n_items" not in manifest:
-            raise SeqrecError(f"{args.artifact} has no readable manifest.json with n_items")
-        spec = replace(spec_for_catalogue(int(manifest["n_items"])), gpu_shard=args.gpu_shard)
+        try:
+            n_items = read_manifest(args.artifact).n_items
+        except ArtifactError:
+            raise SeqrecError(f"{args.artifact} has no readable manifest.json with n_items") from None
+        spec = replace(spec_for_catalogue(n_items), gpu_shard=args.gpu_shard)
     else:
         spec = IndexSpec(kind=args.index, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
                          ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
                          gpu_shard=args.gpu_shard)
     manifest = rewrite_index(args.artifact, spec)
-    print(f"exported {manifest['n_items']:,} items ({spec.kind}) -> {args.artifact / 'items.faiss'}")
+    print(f"exported {manifest.n_items:,} items ({spec.kind}) -> {args.artifact / 'items.faiss'}")
     return 0
 
 

@@ -233,6 +233,7 @@ def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str,
 def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
     from offline.data.prepared import load_prepared
     from offline.jobs.train import train_retriever
+    from retriever.artifact import read_manifest
     from retriever.config import load_config
 
     overrides = [f"{k}={v}" for k, v in config.overrides.items()]
@@ -241,22 +242,22 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
     retriever_config = load_config(config.retriever, overrides)
     resume = (run.bundle / "run" / "last.pt").exists()
     if (run.bundle / "manifest.json").exists():  # killed after the artifact was written: nothing left to do
-        manifest = json.loads((run.bundle / "manifest.json").read_text())
+        manifest = read_manifest(run.bundle)
     else:
         manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, resume=resume)
-    return {"version": manifest["version"], "resumed": resume, "valid_ndcg@10": manifest["metrics"]["valid"]["NDCG@10"],
-            "test_ndcg@10": manifest["metrics"]["test"]["NDCG@10"]}
+    return {"version": manifest.version, "resumed": resume, "valid_ndcg@10": manifest.metrics["valid"]["NDCG@10"],
+            "test_ndcg@10": manifest.metrics["test"]["NDCG@10"]}
 
 
 def _export(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
-    from retriever.artifact import rewrite_index
+    from retriever.artifact import read_manifest, rewrite_index
     from retriever.index import IndexSpec, spec_for_catalogue
 
-    manifest = json.loads((run.bundle / "manifest.json").read_text())
-    spec = spec_for_catalogue(int(manifest["n_items"])) if config.index == "auto" else IndexSpec(kind=config.index)
-    if manifest.get("index", {}).get("kind") != spec.kind:
+    manifest = read_manifest(run.bundle)
+    spec = spec_for_catalogue(manifest.n_items) if config.index == "auto" else IndexSpec(kind=config.index)
+    if manifest.index.get("kind") != spec.kind:
         manifest = rewrite_index(run.bundle, spec)
-    return {"index": manifest["index"]["kind"], "items": manifest["n_items"]}
+    return {"index": manifest.index["kind"], "items": manifest.n_items}
 
 
 def _mine(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:

@@ -157,7 +157,7 @@ def mining_record(mined: dict[str, Mined], config: RankerConfig, holdout: Retrie
     depth = next(iter(mined.values())).depth
     return {"depth": depth, "per_user": _per_user(config, holdout),
             "train_mined_by": "holdout" if holdout is not None else "retriever",
-            "holdout_version": None if holdout is None else holdout.manifest["version"],
+            "holdout_version": None if holdout is None else holdout.manifest.version,
             "groups": {n: len(g) for n, g in mined.items()},
             f"recall@{depth}": {n: round(g.recall(), 6) for n, g in mined.items()}}
 
@@ -167,7 +167,7 @@ def save_mined(mined: dict[str, Mined], out: Path, artifact: RetrieverArtifact, 
     out.mkdir(parents=True, exist_ok=True)
     for name, groups in mined.items():
         atomic_write(out / f"{name}.npz", groups.save)
-    info = {"retriever_version": artifact.manifest["version"], **mining_record(mined, config, holdout)}
+    info = {"retriever_version": artifact.manifest.version, **mining_record(mined, config, holdout)}
     atomic_write(out / "mined.json", lambda p: p.write_text(json.dumps(info, indent=2)))
     return info
 
@@ -179,13 +179,13 @@ def load_mined(folder: Path, artifact: RetrieverArtifact) -> tuple[dict[str, Min
         info = json.loads((folder / "mined.json").read_text())
     except (OSError, ValueError) as err:
         raise SeqrecError(f"{folder}: not a `seqrec mine` output ({err})") from None
-    if info.get("retriever_version") != artifact.manifest["version"]:
+    if info.get("retriever_version") != artifact.manifest.version:
         raise SeqrecError(f"{folder} was mined from retriever {info.get('retriever_version')}, not "
-                          f"{artifact.manifest['version']}; mine again")
+                          f"{artifact.manifest.version}; mine again")
     holdout = None
     if info.get("train_mined_by") == "holdout":
         holdout = load_artifact(folder / HOLDOUT)
-        if holdout.manifest["version"] != info.get("holdout_version"):
+        if holdout.manifest.version != info.get("holdout_version"):
             raise SeqrecError(f"{folder / HOLDOUT} is not the holdout retriever these groups were mined with")
     return {name: Mined.load(folder / f"{name}.npz") for name in SPLITS}, info, holdout
 
@@ -291,7 +291,7 @@ def _fit(name: str, artifact: RetrieverArtifact, data: PreparedDataset, source: 
          train_source: FeatureSource, groups: dict[str, Groups], mlp: dict[str, Any] | None,
          lgbm: dict[str, Any] | None) -> tuple[Ranker, list[dict[str, Any]]]:
     if name == "mlp":
-        config = config_for(source, int(artifact.manifest["dim"]), data.n_items, **(mlp or {}))
+        config = config_for(source, artifact.manifest.dim, data.n_items, **(mlp or {}))
         return fit_mlp(config, source, groups["train"], groups["valid"], train_source=train_source)
     return fit_lgbm_ranker(source, groups["train"], groups["valid"], params=lgbm, train_source=train_source)
 
@@ -320,7 +320,7 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
         stage = "two-stage" if ranker_artifact is not None else "retriever"
     if stage == "two-stage" and ranker_artifact is None:
         raise SeqrecError(f"{bundle} holds no ranker; train one with `seqrec train-ranker` or use --stage retriever")
-    depth = depth or (int(ranker_artifact.manifest["mining"]["depth"]) if ranker_artifact else ranker_default("depth"))
+    depth = depth or (ranker_artifact.depth if ranker_artifact else ranker_default("depth"))
     split = data.split()
     encode, sources = user_encoder(artifact), split_sources(split)
     plans = {"valid": (split.train, split.valid_targets), "test": (split.inputs("test"), split.test_targets)}
@@ -330,7 +330,7 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
                      depth=depth, max_len=artifact.max_len, desc=f"retrieve {name}")
         groups[name] = make_groups(mined, sources[name], encode, artifact.max_len)
     usable = tuple(k for k in ks if k <= depth)
-    result: dict[str, Any] = {"artifact": str(bundle), "version": artifact.manifest["version"], "stage": stage,
+    result: dict[str, Any] = {"artifact": str(bundle), "version": artifact.manifest.version, "stage": stage,
                               "depth": depth, f"recall@{depth}": {n: round(g.mined.recall(), 6)
                                                                    for n, g in groups.items()}}
     if stage == "retriever":

@@ -43,6 +43,6 @@ def _same_manifest(bundle: Bundle) -> bool:
     """Whether the bundle's manifest on disk is still the one it was loaded with (a folder rewritten in place
     is a new bundle)."""
     try:
-        return bool(json.loads((bundle.path / "manifest.json").read_text()) == bundle.artifact.manifest)
+        return bool(json.loads((bundle.path / "manifest.json").read_text()) == bundle.artifact.manifest.to_dict())
     except (OSError, ValueError):
         return False

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ranker.artifact import FORMAT, RankerManifest, read_manifest
+from ranker.artifact import FORMAT, RankerArtifact, RankerManifest, read_manifest
 from retriever.artifact import ArtifactError
 
 # Written by `seqrec demo` before the manifest was a model (training history cut to three rounds).
@@ -22,16 +22,25 @@ def test_an_old_manifest_loads_and_writes_back_byte_for_byte() -> None:
     assert manifest.sha256.keys() == {"lgbm.txt", "item_tables.npz"}
 
 
-def test_dict_access_still_works_for_callers_that_read_it_as_a_dict() -> None:
+def test_fields_are_read_by_attribute_and_unwritten_ones_stay_out_of_the_file() -> None:
     manifest = RankerManifest.model_validate(json.loads(FIXTURE.read_text()))
-    assert manifest["kind"] == "lgbm"
-    assert manifest["mining"]["depth"] == 100
-    assert manifest.get("selection")["chosen"] == "lgbm"
+    assert manifest.kind == "lgbm"
+    assert manifest.selection is not None
+    assert manifest.selection["chosen"] == "lgbm"
     sparse = RankerManifest(format=FORMAT, kind="mlp")
-    assert sparse.get("mining") is None
-    with pytest.raises(KeyError):
-        sparse["mining"]  # never written: missing, as in the dict it replaces
+    assert sparse.mining is None
+    assert "mining" not in sparse.to_json_dict()  # never written: missing from the file, as in the dict it replaced
     assert list(sparse.to_json_dict()) == ["format", "kind"]
+    with pytest.raises(TypeError):
+        sparse["kind"]  # type: ignore[index]  # no dict look-ups: the record is read by attribute
+
+
+def test_the_mined_depth_is_read_from_the_mining_record_or_refused(tmp_path: Path) -> None:
+    manifest = RankerManifest.model_validate(json.loads(FIXTURE.read_text()))
+    assert RankerArtifact(tmp_path, manifest, ranker=None, tables=None).depth == 100  # type: ignore[arg-type]
+    sparse = RankerArtifact(tmp_path, RankerManifest(format=FORMAT, kind="mlp"), ranker=None, tables=None)  # type: ignore[arg-type]
+    with pytest.raises(ArtifactError, match=r"manifest\.json: records no mining depth"):
+        sparse.depth  # noqa: B018
 
 
 def test_a_manifest_of_the_wrong_shape_is_one_artifact_error(tmp_path: Path) -> None:

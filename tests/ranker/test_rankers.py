@@ -77,7 +77,7 @@ def test_reranking_by_the_retrieval_score_reproduces_the_retriever(setup) -> Non
 
 def _mlp(setup, **overrides):  # type: ignore[no-untyped-def]
     data, artifact, groups, source = setup
-    config = config_for(source, int(artifact.manifest["dim"]), data.n_items, epochs=2, batch_size=64,
+    config = config_for(source, artifact.manifest.dim, data.n_items, epochs=2, batch_size=64,
                         hidden=(32,), **overrides)
     return fit_mlp(config, source, groups["train"], groups["valid"], progress=False)
 

@@ -31,7 +31,7 @@ def test_save_load_gives_identical_scores(bundle: Path) -> None:
     assert torch.equal(original.score(histories), loaded.model.score(histories))
     assert loaded.item_ids[0] == "item-1"
     assert loaded.n_items == N_ITEMS
-    assert loaded.manifest["metrics"]["valid"]["NDCG@10"] == 0.5
+    assert loaded.manifest.metrics["valid"]["NDCG@10"] == 0.5
     assert not list(bundle.glob(".*tmp"))
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from offline.cli import main
+from retriever.artifact import read_manifest
 from retriever.config import ConfigError, RunConfig, config_from_dict
 from retriever.distributed import Distributed, data_parallel, process_group, shard
 from retriever.losses import LossContext
@@ -68,8 +69,9 @@ def test_torchrun_two_processes_train_one_model_like_one_process(cycle_data: Pat
     assert summary["artifact"] == str(two)
     assert len(list((two / "run" / "tb").iterdir())) == 1
     assert sorted(p.name for p in (two / "run").iterdir()) == [".lock", "best.pt", "history.jsonl", "last.pt", "tb"]
-    manifest = json.loads((two / "manifest.json").read_text())
-    assert manifest["training"]["epochs_run"] == 4
+    manifest = read_manifest(two)
+    assert manifest.training is not None
+    assert manifest.training["epochs_run"] == 4
     # Same global batch, so the same optimiser steps (and learning rates) as one process.
     single, double = _history(one), _history(two)
     assert [h["step"] for h in double] == [h["step"] for h in single] == [7, 14, 21, 28]
@@ -77,8 +79,8 @@ def test_torchrun_two_processes_train_one_model_like_one_process(cycle_data: Pat
     # Other shuffles and random streams, so not the same numbers. The next item is certain, so
     # "equal within noise" means both learn it: one process reaches NDCG@10 1.0 by epoch 2 here,
     # two by epoch 4 (0.96, 0.98, 0.99 before); 0.95 leaves room for another platform's rounding.
-    one_valid = json.loads((one / "manifest.json").read_text())["metrics"]["valid"]
-    two_valid = manifest["metrics"]["valid"]
+    one_valid = read_manifest(one).metrics["valid"]
+    two_valid = manifest.metrics["valid"]
     for valid in (one_valid, two_valid):
         assert valid["HR@10"] == 1.0
         assert valid["NDCG@10"] >= 0.95

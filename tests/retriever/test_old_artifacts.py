@@ -27,9 +27,10 @@ def test_old_artifact_loads_and_scores_as_written(name: str) -> None:
         scores = artifact.model.score(HISTORIES)[:, 1:].numpy()
     np.testing.assert_array_equal(scores, np.load(path / "expected_scores.npy"))
     assert artifact.manifest.metrics["valid"]["NDCG@10"] == 0.25
-    assert artifact.manifest["training"]["best_epoch"] == 1  # the dict-style read still works
-    assert artifact.manifest == json.loads((path / "manifest.json").read_text())
-    assert artifact.manifest["backbone"] == json.loads((path / "config.json").read_text())["model"]["backbone"]
+    assert artifact.manifest.training is not None
+    assert artifact.manifest.training["best_epoch"] == 1
+    assert artifact.manifest.to_dict() == json.loads((path / "manifest.json").read_text())
+    assert artifact.manifest.backbone == json.loads((path / "config.json").read_text())["model"]["backbone"]
 
 
 def test_a_trained_manifest_round_trips_through_the_typed_record() -> None:
@@ -37,8 +38,7 @@ def test_a_trained_manifest_round_trips_through_the_typed_record() -> None:
     manifest = RetrieverManifest.model_validate(raw)
     assert manifest.to_dict() == raw
     assert list(manifest.to_dict()) == list(raw)  # the file's key order, so rewriting it changes nothing else
-    assert manifest == raw
-    assert raw == manifest  # the service compares the file it reads back with the loaded record
+    assert raw == manifest.to_dict()  # the service compares the file it reads back with the loaded record
     assert manifest.backbone == "transformer"
     assert manifest.dim == 32
     assert manifest.metrics["test"]["NDCG@10"] == 0.645293
@@ -48,21 +48,35 @@ def test_a_trained_manifest_round_trips_through_the_typed_record() -> None:
     assert set(manifest.sha256) >= {"config.json", "retriever.pt", "item_ids.npy", "items.faiss"}
 
 
-def test_dict_style_reads_keep_a_dicts_meaning() -> None:
-    manifest = RetrieverManifest.model_validate({"format": "seqrec.retriever/1", "version": "v1", "n_items": 3,
-                                                 "added_later": {"x": 1}})
-    assert manifest["version"] == "v1"
-    assert manifest["added_later"] == {"x": 1}  # unknown keys are kept
-    assert manifest.get("training") is None  # a field the file does not hold is missing, as in a dict
-    assert manifest.get("dim", -1) == -1
-    assert "index" not in manifest
-    assert "n_items" in manifest
-    with pytest.raises(KeyError):
-        manifest["sha256"]
-    assert manifest.to_dict() == {"format": "seqrec.retriever/1", "version": "v1", "n_items": 3,
-                                  "added_later": {"x": 1}}
-    assert dict(manifest) == manifest.to_dict()
-    assert {**manifest, "version": "v2"}["version"] == "v2"
+REQUIRED = {"format": "seqrec.retriever/1", "version": "v1", "backbone": "gru4rec", "dim": 8, "n_items": 3,
+            "max_len": 5}
+
+
+def test_the_typed_record_keeps_unknown_keys_and_writes_only_what_the_file_held() -> None:
+    manifest = RetrieverManifest.model_validate({**REQUIRED, "added_later": {"x": 1}})
+    assert manifest.version == "v1"
+    assert manifest.model_extra == {"added_later": {"x": 1}}  # unknown keys are kept
+    assert manifest.training is None  # a field the file does not hold reads as its default ...
+    assert manifest.index == {}
+    assert manifest.sha256 is None
+    assert manifest.to_dict() == {**REQUIRED, "added_later": {"x": 1}}  # ... and is not written back
+    with pytest.raises(TypeError):
+        manifest["version"]  # type: ignore[index]  # no dict look-ups: the record is read by attribute
+    updated = manifest.model_copy(update={"version": "v2"})
+    assert updated.version == "v2"
+    assert updated.to_dict() == {**REQUIRED, "version": "v2", "added_later": {"x": 1}}
+    assert list(updated.to_dict()) == list(manifest.to_dict())  # an update keeps the file's key order
+
+
+@pytest.mark.parametrize("field", ["version", "backbone", "dim", "n_items", "max_len"])
+def test_a_manifest_without_a_field_every_writer_wrote_is_refused_by_name(field: str, tmp_path: Path) -> None:
+    path = tmp_path / "a"
+    shutil.copytree(FIXTURES / "old_transformer_artifact", path)
+    raw = json.loads((path / "manifest.json").read_text())
+    del raw[field]
+    (path / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match=rf"manifest\.json: unusable: {field}: Field required"):
+        load_artifact(path)
 
 
 def test_an_old_artifact_with_a_rebuilt_index_still_loads(tmp_path: Path) -> None:
@@ -73,7 +87,7 @@ def test_an_old_artifact_with_a_rebuilt_index_still_loads(tmp_path: Path) -> Non
     after = json.loads((path / "manifest.json").read_text())
     assert list(after) == list(before)
     assert after["index"]["kind"] == "hnsw"
-    assert manifest == after
+    assert manifest.to_dict() == after
     assert {k: v for k, v in after.items() if k not in ("index", "sha256")} == {
         k: v for k, v in before.items() if k not in ("index", "sha256")}
     assert load_artifact(path).manifest.index["kind"] == "hnsw"

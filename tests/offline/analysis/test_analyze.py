@@ -12,7 +12,7 @@ from PIL import Image
 from offline.analysis.report import render_html
 from offline.cli import main
 from offline.data.prepared import load_prepared
-from retriever.artifact import load_artifact
+from retriever.artifact import load_artifact, read_manifest
 
 TINY = ["--model.d_model", "16", "--model.n_layers", "1", "--model.max_len", "10", "--train.epochs", "3",
         "--train.batch_size", "64", "--threads", "1", "--seed", "3", "-q"]
@@ -59,17 +59,18 @@ def test_breakdown_and_geometry_agree_with_the_artifacts(setup: dict[str, Path])
     labels = ["transformer", "gru"]
     assert [m["label"] for m in report["models"]] == labels
     for label in labels:
-        manifest = json.loads((setup[label] / "manifest.json").read_text())
+        manifest = read_manifest(setup[label])
         for table in ("popularity", "length"):
             rows = report["breakdown"][table]["models"][label]
             assert sum(r["users"] for r in rows) == data.n_users
             # The users' groups partition everyone, so the user-weighted mean is the model's test NDCG@10.
             mean = sum(r["users"] * (r["NDCG@10"] or 0.0) for r in rows) / data.n_users
-            assert mean == pytest.approx(manifest["metrics"]["test"]["NDCG@10"], abs=2e-6)
+            assert mean == pytest.approx(manifest.metrics["test"]["NDCG@10"], abs=2e-6)
         geometry = report["geometry"][label]
         assert geometry["n_items"] == data.n_items
         assert sum(geometry["hubness"]["k_occurrence"]) == data.n_items * 10
-        assert len(report["curves"][label]) == manifest["training"]["epochs_run"]
+        assert manifest.training is not None
+        assert len(report["curves"][label]) == manifest.training["epochs_run"]
     cka = np.array(report["cka"]["matrix"])
     assert np.allclose(cka, cka.T)
     assert np.allclose(np.diag(cka), 1.0)

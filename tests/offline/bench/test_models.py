@@ -16,6 +16,7 @@ from offline.bench.records import RunRecord
 from offline.bench.results import TABLE_METRICS, csv_text, mean_std, summarize
 from offline.bench.results import results_table as markdown_table
 from offline.cli import main
+from retriever.artifact import read_manifest
 from retriever.backbones import backbone_config, build_encoder
 
 TINY = "model: {{backbone: {backbone}, max_len: 10, d_model: 8, n_layers: 1, n_heads: {heads}{extra}}}\n" \
@@ -178,9 +179,10 @@ def test_budget_stops_after_the_epoch_that_crosses_it(setup: tuple[Path, Path], 
                  "--configs-dir", str(configs), "--budget-minutes", "1e-6", "--set", "train.eval_every=2",
                  "-q"]) == 0
     run = tmp_path / "runs" / "sasrec" / "seed1"
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["training"]["epochs_run"] == 1
-    assert manifest["training"]["best_epoch"] == 1
+    training = read_manifest(run).training
+    assert training is not None
+    assert training["epochs_run"] == 1
+    assert training["best_epoch"] == 1
     assert json.loads((run / "config.json").read_text())["train"]["budget_minutes"] == 1e-6
     assert "1e-06 min wall-clock budget" in (tmp_path / "results.md").read_text()
 

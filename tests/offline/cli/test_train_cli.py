@@ -9,6 +9,7 @@ import torch
 
 from offline.cli import main
 from offline.data.prepared import load_prepared
+from retriever.artifact import read_manifest
 
 TINY = [
     "--model.d_model", "16", "--model.n_layers", "1", "--model.n_heads", "2", "--model.max_len", "10",
@@ -32,15 +33,17 @@ def artifact(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_train_writes_a_self_describing_artifact(artifact: Path, prepared: Path) -> None:
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    assert set(manifest["sha256"]) == {"config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl",
+    manifest = read_manifest(artifact)
+    assert manifest.sha256 is not None
+    assert set(manifest.sha256) == {"config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl",
                                        "catalogue.parquet", "popularity.npy"}
     data = load_prepared(prepared)
     popularity = np.load(artifact / "popularity.npy", allow_pickle=False)
     assert popularity.shape == (data.n_items + 1,)
     assert popularity.sum() == len(data.split().train.items)  # training positions only: no valid/test target
-    assert manifest["training"]["epochs_run"] == 3
-    assert 1 <= manifest["training"]["best_epoch"] <= 3
+    assert manifest.training is not None
+    assert manifest.training["epochs_run"] == 3
+    assert 1 <= manifest.training["best_epoch"] <= 3
     config = json.loads((artifact / "config.json").read_text())
     assert config["model"]["d_model"] == 16
     assert config["train"]["seed"] == 3
@@ -55,10 +58,10 @@ def test_evaluate_artifact_dense_and_index_agree(artifact: Path, prepared: Path,
     capsys.readouterr()
     assert main(["evaluate", "--artifact", str(artifact), "--data", str(prepared)]) == 0
     result = json.loads(capsys.readouterr().out)
-    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest = read_manifest(artifact)
     for split in ("valid", "test"):
         assert set(result[split]) == {f"{m}@{k}" for m in ("HR", "NDCG", "MRR", "Recall") for k in (1, 5, 10, 20, 50)}
-        assert result[split] == manifest["metrics"][split]  # the artifact reproduces its training-time numbers
+        assert result[split] == manifest.metrics[split]  # the artifact reproduces its training-time numbers
         assert result["index"][split] == pytest.approx(result[split], abs=1e-6)
 
 
@@ -155,10 +158,11 @@ def test_eval_users_validates_and_reports_on_a_fixed_user_sample(prepared: Path,
 
     out = tmp_path / "sampled"
     assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "--train.eval_users", "40", "-q"]) == 0
-    manifest = json.loads((out / "manifest.json").read_text())
-    full = json.loads((artifact / "manifest.json").read_text())
-    assert manifest["training"]["evaluated_users"] == 40
-    assert full["training"]["evaluated_users"] == 150
+    manifest, full = read_manifest(out), read_manifest(artifact)
+    assert manifest.training is not None
+    assert full.training is not None
+    assert manifest.training["evaluated_users"] == 40
+    assert full.training["evaluated_users"] == 150
     # The reported metrics are those of the sampled users, recomputed here from the saved weights.
     data = load_prepared(prepared)
     model = load_artifact(out, with_index=False).model
@@ -166,4 +170,4 @@ def test_eval_users_validates_and_reports_on_a_fixed_user_sample(prepared: Path,
     max_len = json.loads((out / "config.json").read_text())["model"]["max_len"]
     expected = dense_metrics(model, sample, data.n_items, max_len)
     for split in ("valid", "test"):
-        assert manifest["metrics"][split]["NDCG@10"] == pytest.approx(expected[split]["NDCG@10"], abs=1e-6)
+        assert manifest.metrics[split]["NDCG@10"] == pytest.approx(expected[split]["NDCG@10"], abs=1e-6)
