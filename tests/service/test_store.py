@@ -25,7 +25,9 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[HistoryStore]:
         history_store: HistoryStore = make_store(Settings(redis_url=None))
     else:
         prefix = request.getfixturevalue("redis_prefix")
-        history_store = make_store(Settings(redis_url=SHARED_REDIS, redis_prefix=prefix))
+        # a generous timeout: these tests check what the store keeps, not how fast (50 concurrent connects to
+        # the shared Redis on a busy 2-core CI machine can take longer than the 250 ms default)
+        history_store = make_store(Settings(redis_url=SHARED_REDIS, redis_prefix=prefix, redis_timeout_ms=5000))
     assert history_store.name == request.param
     yield history_store
     await history_store.close()
