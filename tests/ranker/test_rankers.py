@@ -24,6 +24,7 @@ from ranker.train import (
     fit_mlp,
     group_ranks,
     make_groups,
+    ndcg_at,
     retriever_ranks,
 )
 from retriever.artifact import ArtifactError, load_artifact
@@ -77,8 +78,8 @@ def test_reranking_by_the_retrieval_score_reproduces_the_retriever(setup) -> Non
 
 def _mlp(setup, **overrides):  # type: ignore[no-untyped-def]
     data, artifact, groups, source = setup
-    config = config_for(source, artifact.manifest.dim, data.n_items, epochs=2, batch_size=64,
-                        hidden=(32,), **overrides)
+    config = config_for(source, artifact.manifest.dim, data.n_items,
+                        **{"epochs": 2, "batch_size": 64, "hidden": (32,), **overrides})
     return fit_mlp(config, source, groups["train"], groups["valid"], progress=False)
 
 
@@ -136,10 +137,45 @@ def test_masked_ids_use_the_unknown_vector_so_the_id_no_longer_matters(setup) ->
     assert not torch.equal(model.score(unmasked)[unmasked.valid], scores[unmasked.valid])
 
 
-def test_listwise_and_bce_losses_both_train(setup) -> None:  # type: ignore[no-untyped-def]
-    for loss in ("listwise", "bce"):
-        _, history = _mlp(setup, loss=loss)
-        assert history[-1]["loss"] < history[0]["loss"] or history[-1]["valid_ndcg@10"] > 0
+def _random_order_ndcg(groups: Groups, k: int = 10) -> float:
+    """Expected NDCG@k when each group's candidates are shuffled (a target not retrieved stays a miss)."""
+    discounts = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(np.arange(2, k + 2)))])  # sum of the first r
+    n = (groups.mined.candidates != 0).sum(1)
+    gains = np.where(groups.mined.label >= 0, discounts[np.minimum(n, k)] / np.maximum(n, 1), 0.0)
+    return float(gains.mean())
+
+
+# Measured on this tiny data (3 epochs, seed 3): the training loss ends at 0.09-0.30 of its first
+# epoch's (listwise, BCE) against 0.88-0.97 with the learning rate at 0; validation NDCG@10 is
+# 4.2x the random order's (0.62 against 0.147) and a random scorer's 1.15x (0.169). The untrained model
+# also reaches 0.62 while 81 % of validation targets repeat a history item (issue 26, item 1), so
+# the metric alone would not catch a ranker that does not learn: both conditions are required.
+LOSS_RATIO = 0.5
+OVER_RANDOM = 1.5
+
+
+def _learned(setup, scorer=None, **overrides) -> tuple[bool, bool]:  # type: ignore[no-untyped-def]
+    """(the training loss fell by half, validation NDCG@10 is well above a random order)."""
+    data, _, groups, source = setup
+    model, history = _mlp(setup, epochs=3, patience=3, **overrides)
+    ranks = group_ranks(scorer or model.score, source, groups["valid"], data.n_items)
+    return (history[-1]["loss"] < LOSS_RATIO * history[0]["loss"],
+            ndcg_at(ranks) > OVER_RANDOM * _random_order_ndcg(groups["valid"]))
+
+
+@pytest.mark.parametrize("loss", ["listwise", "bce"])
+def test_both_losses_train_the_loss_falls_and_the_ranking_beats_a_random_order(setup, loss: str) -> None:  # type: ignore[no-untyped-def]
+    assert _learned(setup, loss=loss) == (True, True)
+
+
+def test_the_training_check_fails_when_nothing_is_learned(setup) -> None:  # type: ignore[no-untyped-def]
+    assert not _learned(setup, lr=0.0)[0]  # a frozen model: the loss only moves with dropout and batch order
+    generator = torch.Generator().manual_seed(0)
+
+    def noise(batch):  # type: ignore[no-untyped-def]
+        return torch.rand(batch.valid.shape, generator=generator).masked_fill(~batch.valid, -torch.inf)
+
+    assert not _learned(setup, scorer=noise)[1]  # scores that ignore the features rank no better than chance
 
 
 def test_cli_mine_train_ranker_and_two_stage_evaluate(bundle: Path, prepared: Path, tmp_path: Path,
