@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from offline.bench.records import BenchMeta, RunRecord
+from offline.bench.records import BenchMeta, RunRecord, config_sha256
 from offline.bench.results import cell, write_results
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
@@ -111,6 +111,7 @@ def run_one(spec: ModelSpec, seed: int, data: PreparedDataset, out: Path, option
     try:
         config = resolve_config(spec, seed, options)
         record["backbone"] = config.model.backbone
+        record["config_sha256"] = config_sha256(config.model_dump(mode="json"))
         if write_config:
             write_yaml_config(out / "configs" / f"{spec.label}.yaml", config, spec)
         record.update(train_and_measure(config, data, run_dir, options.infer_batch))

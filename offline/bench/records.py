@@ -7,6 +7,9 @@ written before these models existed merge as they are.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ class RunRecord(BaseModel):
     valid: dict[str, Number] | None = None
     test: dict[str, Number] | None = None
     error: str | None = None  # "Type: message" of what failed; nothing above it was measured then
+    config_sha256: str | None = None  # see config_sha256(); absent from records written before it existed
 
     @property
     def failed(self) -> bool:
@@ -50,6 +54,27 @@ class RunRecord(BaseModel):
     def dump(self) -> dict[str, Any]:
         """JSON-ready, with exactly the keys this record was given."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+
+# Keys `seqrec train` adds to the stored model section from the data (offline/jobs/train.py); the data
+# itself is checked apart (merge refuses sources on other data), so they are not part of the config.
+DATA_DERIVED_MODEL_KEYS = ("n_features", "features_per_item")
+
+
+def config_sha256(config: Mapping[str, Any], source: str = "config") -> str:
+    """sha256 of a run config as it trains, without its seed: canonical JSON (sorted keys, no spaces).
+
+    Read through today's schema first, so a key added since (with its default) or a run folder's
+    config.json (with the data-derived model keys) hashes as the config the bench resolved.
+    """
+    from retriever.config import config_from_dict
+
+    resolved = config_from_dict(config, source=source).model_dump(mode="json")
+    resolved["train"].pop("seed", None)
+    for key in DATA_DERIVED_MODEL_KEYS:
+        resolved["model"].pop(key, None)
+    text = json.dumps(resolved, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class BenchMeta(BaseModel):

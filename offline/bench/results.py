@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from offline.bench.records import BenchMeta, BenchResults, RunRecord, read_results
+from offline.bench.records import BenchMeta, BenchResults, RunRecord, config_sha256, read_results
 from offline.tables import markdown_table
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
@@ -183,9 +183,12 @@ def _read_sources(sources: Sequence[Path]) -> list[tuple[Path, BenchResults]]:
     return payloads
 
 
-def _collect_runs(payloads: Sequence[tuple[Path, BenchResults]], models: Sequence[str]) -> list[RunRecord]:
+Sourced = list[tuple[Path, RunRecord]]  # each run with the results.json it came from
+
+
+def _collect_runs(payloads: Sequence[tuple[Path, BenchResults]], models: Sequence[str]) -> Sourced:
     """Every run of the sources (only ``models``' when given); a (model, seed) run twice is an error."""
-    records: list[RunRecord] = []
+    runs: Sourced = []
     seen: dict[tuple[str, int], Path] = {}
     for path, payload in payloads:
         for record in payload.runs:
@@ -195,21 +198,51 @@ def _collect_runs(payloads: Sequence[tuple[Path, BenchResults]], models: Sequenc
             if run in seen:
                 raise SeqrecError(f"{run[0]} seed {run[1]} is in both {seen[run]} and {path}")
             seen[run] = path
-            records.append(record)
-    return records
+            runs.append((path, _with_config_hash(record)))
+    return runs
 
 
-def _complete_rows(records: Sequence[RunRecord], min_seeds: int) -> list[RunRecord]:
+def _with_config_hash(record: RunRecord) -> RunRecord:
+    """A record written before runs carried their config hash gets it from its run folder, if still there."""
+    stored = Path(record.run) / "config.json" if record.run else None
+    if record.config_sha256 is not None or stored is None or not stored.is_file():
+        return record
+    digest = config_sha256(json.loads(stored.read_text()), source=str(stored))
+    return record.model_copy(update={"config_sha256": digest})
+
+
+def _check_one_config_per_model(runs: Sourced) -> None:
+    """Every run of a model must come from one config (its seed aside); unhashed runs are merged with a warning."""
+    first: dict[str, tuple[str, int, Path]] = {}
+    unchecked: dict[str, list[int]] = {}
+    sources: dict[Path, None] = {}
+    for path, record in runs:
+        if record.config_sha256 is None:
+            unchecked.setdefault(record.model, []).append(record.seed)
+            sources[path] = None
+            continue
+        digest, seed, source = first.setdefault(record.model, (record.config_sha256, record.seed, path))
+        if digest != record.config_sha256:
+            raise SeqrecError(f"{record.model} seed {seed} in {source} and seed {record.seed} in {path} were made "
+                              f"with different configs (sha256 {digest[:12]} against {record.config_sha256[:12]}); "
+                              "one row must come from one config")
+    if unchecked:
+        log.warning("runs with no config hash and no run folder (in %s), merged without checking that each "
+                    "model's runs share one config: %s", ", ".join(map(str, sources)),
+                    "; ".join(f"{model} seeds {', '.join(map(str, seeds))}" for model, seeds in unchecked.items()))
+
+
+def _complete_rows(runs: Sourced, min_seeds: int) -> Sourced:
     """A table of complete rows only: models with fewer finished seeds are left out, failures too."""
     finished: dict[str, set[int]] = {}
-    for record in records:
+    for _, record in runs:
         if not record.failed:
             finished.setdefault(record.model, set()).add(record.seed)
     keep = {model for model, done in finished.items() if len(done) >= min_seeds}
-    dropped = sorted({r.model for r in records} - keep)
+    dropped = sorted({r.model for _, r in runs} - keep)
     if dropped:
         log.info("left out (fewer than %d finished seeds): %s", min_seeds, ", ".join(dropped))
-    return [r for r in records if r.model in keep and not r.failed]
+    return [(path, r) for path, r in runs if r.model in keep and not r.failed]
 
 
 def _merged_meta(payloads: Sequence[tuple[Path, BenchResults]], out: Path, remarks: Sequence[str], min_seeds: int,
@@ -234,14 +267,17 @@ def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = (
     """One table from several `seqrec bench` outputs on the same data (e.g. models run on different days).
 
     The per-run records are taken as they are (nothing is retrained or re-measured); sources must agree
-    on the dataset, its size and the quick-comparison limits, and no (model, seed) run may appear twice.
+    on the dataset, its size and the quick-comparison limits, no (model, seed) run may appear twice, and
+    the runs of one model must share one config (``config_sha256``; see ``_check_one_config_per_model``).
     ``models``: only these models' runs (the others are ignored, duplicates included). The resolved
     configs of the models in the table are copied beside it.
     """
     payloads = _read_sources(sources)
-    records = _collect_runs(payloads, models)
+    runs = _collect_runs(payloads, models)
     if min_seeds:
-        records = _complete_rows(records, min_seeds)
+        runs = _complete_rows(runs, min_seeds)
+    _check_one_config_per_model(runs)
+    records = [record for _, record in runs]
     absent = [m for m in models if m not in {r.model for r in records}]
     if absent:
         raise SeqrecError(f"no {'complete ' if min_seeds else ''}runs of {', '.join(absent)} in the sources")

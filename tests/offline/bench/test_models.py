@@ -12,7 +12,7 @@ import pytest
 import offline.jobs.train
 from offline.bench.latency import fit_alpha
 from offline.bench.measure import forward_flops
-from offline.bench.records import RunRecord
+from offline.bench.records import RunRecord, config_sha256
 from offline.bench.results import TABLE_METRICS, csv_text, mean_std, summarize
 from offline.bench.results import results_table as markdown_table
 from offline.cli import main
@@ -309,3 +309,75 @@ def test_a_finished_run_from_before_a_config_key_was_added_is_still_the_same_con
     stored["train"]["lr"] = 0.5
     assert not same_config(resolved, stored)
     assert not same_config(resolved, {"model": {"backbone": "no-such-backbone"}})
+
+
+def test_each_run_records_the_hash_of_its_config_without_the_seed(bench: Path) -> None:
+    runs = {(r["model"], r["seed"]): r for r in json.loads((bench / "results.json").read_text())["runs"]}
+    for (model, seed), record in runs.items():
+        # The bench hashes the config it resolved; the run folder's config.json, written by training with the
+        # data-derived model keys (transformer reads genres), hashes the same.
+        if model != "broken":  # failed in training, before writing its run folder
+            stored = json.loads((Path(record["run"]) / "config.json").read_text())
+            assert stored["train"]["seed"] == seed
+            assert record["config_sha256"] == config_sha256(stored)
+    assert "n_features" in json.loads((Path(runs["transformer", 1]["run"]) / "config.json").read_text())["model"]
+    for model in ("sasrec", "transformer", "broken"):
+        assert runs[model, 1]["config_sha256"] == runs[model, 2]["config_sha256"]
+    assert runs["sasrec", 1]["config_sha256"] != runs["transformer", 1]["config_sha256"]
+
+
+@pytest.fixture(scope="module")
+def other_lr(setup: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sasrec's seeds again with another learning rate: the same model name, another config."""
+    out = tmp_path_factory.mktemp("results") / "lr"
+    assert _bench(setup, out, "--set", "train.lr=0.002", models="sasrec") == 0
+    return out
+
+
+def _one_seed_each(first: Path, second: Path, folder: Path, *, strip: bool = False) -> Path:
+    """sasrec seed 1 from ``first``, seed 2 from ``second``, as two merge sources; ``strip`` drops their hashes."""
+    folder.mkdir()
+    for name, source, seed in (("a", first, 1), ("b", second, 2)):
+        whole = json.loads((source / "results.json").read_text())
+        runs = [{k: v for k, v in r.items() if not (strip and k == "config_sha256")}
+                for r in whole["runs"] if r["model"] == "sasrec" and r["seed"] == seed]
+        (folder / name).mkdir()
+        (folder / name / "results.json").write_text(json.dumps({**whole, "runs": runs}))
+    return folder
+
+
+def test_merge_refuses_runs_of_one_model_made_with_different_configs(bench: Path, other_lr: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    for strip in (False, True):  # records with their hash, and older ones whose hash comes from the run folder
+        parts = _one_seed_each(bench, other_lr, tmp_path / f"parts-{strip}", strip=strip)
+        out = tmp_path / f"o-{strip}"
+        assert main(["bench", "merge", "--from", str(parts / "a"), "--from", str(parts / "b"), "--out", str(out),
+                     "-q"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert "different configs" in err
+        assert f"sasrec seed 1 in {parts / 'a' / 'results.json'} and seed 2 in {parts / 'b' / 'results.json'}" in err
+        assert not (out / "results.md").exists()
+    same = _one_seed_each(bench, bench, tmp_path / "same", strip=True)  # hashes recomputed, equal: merged
+    assert main(["bench", "merge", "--from", str(same / "a"), "--from", str(same / "b"), "--out",
+                 str(tmp_path / "ok"), "-q"]) == 0
+    runs = json.loads((tmp_path / "ok" / "results.json").read_text())["runs"]
+    whole = {r["seed"]: r for r in json.loads((bench / "results.json").read_text())["runs"] if r["model"] == "sasrec"}
+    assert [r["config_sha256"] for r in runs] == [whole[1]["config_sha256"], whole[2]["config_sha256"]]
+
+
+def test_merge_of_unhashed_runs_without_their_folders_warns_and_merges_as_before(
+        bench: Path, other_lr: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    parts = _one_seed_each(bench, other_lr, tmp_path / "parts", strip=True)
+    for name in ("a", "b"):  # the run folders are gone: nothing to hash, nothing to check
+        path = parts / name / "results.json"
+        whole = json.loads(path.read_text())
+        path.write_text(json.dumps({**whole, "runs": [{**r, "run": str(tmp_path / "gone")} for r in whole["runs"]]}))
+    with caplog.at_level("WARNING"):
+        assert main(["bench", "merge", "--from", str(parts / "a"), "--from", str(parts / "b"), "--out",
+                     str(tmp_path / "o")]) == 0
+    assert "merged without checking" in caplog.text
+    assert "sasrec seeds 1, 2" in caplog.text
+    runs = json.loads((tmp_path / "o" / "results.json").read_text())["runs"]
+    assert [r["seed"] for r in runs] == [1, 2]
+    assert not any("config_sha256" in r for r in runs)
