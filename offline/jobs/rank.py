@@ -310,7 +310,8 @@ def _two_stage_metrics(scorer: Any, source: FeatureSource, groups: dict[str, Gro
 
 
 def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto", depth: int | None = None,
-                    mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+                    mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS,
+                    splits: tuple[str, ...] = ("valid", "test")) -> dict[str, Any]:
     """Metrics of the whole system the bundle holds: retriever top-N -> ranker -> top-K.
 
     Full-ranking semantics: a target outside the retriever's top N counts as a miss, so
@@ -319,7 +320,7 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
     """
     system = _system(bundle, data, stage, depth)
     usable = tuple(k for k in ks if k <= system.depth)
-    groups = _retrieved(system, data, ("valid", "test"))
+    groups = _retrieved(system, data, splits)
     result: dict[str, Any] = {"artifact": str(bundle), "version": system.artifact.manifest.version,
                               "stage": system.stage, "depth": system.depth,
                               "ranker_depth": None if system.ranker is None else system.ranker.depth,
