@@ -39,7 +39,8 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     if not used:
         metrics.fallbacks.labels("popularity").inc()
         return _popular(bundle, body, history, unknown, start)
-    query = Query(used, k=body.k, candidates=body.candidates, exclude_seen=body.exclude_seen,
+    candidates = bundle.default_candidates(body.k) if body.candidates is None else body.candidates
+    query = Query(used, k=body.k, candidates=candidates, exclude_seen=body.exclude_seen,
                   rerank=body.rerank, personalize=body.personalize,
                   exclude=tuple(history[: -bundle.max_len]) if body.exclude_seen else ())
     queued = time.perf_counter()

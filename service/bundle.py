@@ -68,6 +68,17 @@ class Bundle:
     def n_items(self) -> int:
         return self.artifact.n_items
 
+    @property
+    def ranker_depth(self) -> int | None:
+        """The candidates the ranker was mined, trained and evaluated on (None without a ranker)."""
+        return None if self.ranker is None else self.ranker.depth
+
+    def default_candidates(self, k: int) -> int:
+        """A request's retrieval depth when it names none: the ranker's depth, the one that was measured.
+        Without a ranker the top k is all there is to retrieve (a deeper search would return the same k)."""
+        depth = self.ranker_depth
+        return k if depth is None else depth
+
     def external(self, internal: int) -> str:
         return str(self.artifact.item_ids[internal - 1])
 
@@ -95,6 +106,7 @@ class Bundle:
             "n_items": self.n_items,
             "max_len": self.max_len,
             "ranker": None if self.ranker is None else self.ranker.kind,
+            "candidates": self.ranker_depth,
             "catalogue": bool(self.metadata and any(self.metadata)),
             "created_at": manifest.created_at,
         }
@@ -130,6 +142,11 @@ def load_bundle(path: Path) -> Bundle:
     index_of = {item: row + 1 for row, item in enumerate(ids)}
     if len(index_of) != n_items:
         raise BundleError(f"{path}: item_ids.npy holds duplicate ids")
+    if ranker is not None:
+        try:
+            ranker.depth  # noqa: B018  the default request's depth: a ranker that records none is refused here
+        except ArtifactError as err:
+            raise BundleError(str(err)) from None
     bundle = Bundle(path, artifact, ranker, None if ranker is None else ranker.tables.torch(), vectors, index_of,
                     _metadata(path, ids), *_popular(path, artifact, ranker))
     _smoke(bundle)

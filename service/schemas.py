@@ -83,7 +83,10 @@ class RecommendRequest(Strict):
     history: list[ItemId] | None = Field(None, max_length=MAX_HISTORY,
                                          description="item ids, oldest first; the last max_len are read")
     k: Count = Field(10, ge=1, le=1000, description="items to return")
-    candidates: Count = Field(200, ge=1, le=2000, description="retrieval depth (at least k is retrieved)")
+    candidates: Count | None = Field(None, ge=1, le=2000, description=(
+        "retrieval depth (at least k is retrieved); default: the depth the bundle's ranker was trained and "
+        "evaluated at (`candidates` in GET /readyz; k without a ranker). A deeper request works, but its quality "
+        "was never measured"))
     exclude_seen: bool = Field(True, description="never recommend an item of the history")
     rerank: bool = Field(True, description="rerank the candidates with the bundle's ranker")
     personalize: bool = Field(False, description="PCRec-simple: one gradient step on this history first "

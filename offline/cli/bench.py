@@ -56,7 +56,8 @@ def _add_seed(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_parser(sub: SubParsers, common: argparse.ArgumentParser) -> None:
-    """`seqrec bench` (train and evaluate models over seeds) and its tools: merge, latency, serve, index, scale."""
+    """`seqrec bench` (train and evaluate models over seeds) and its tools: merge, latency, serve, index, scale,
+    parity."""
     p = sub.add_parser(
         "bench", parents=[common], help="train and evaluate several backbones over seeds; write the tables",
         description="Train every model with its committed config (CONFIGS_DIR/<dataset>/<model>.yaml) once per "
@@ -77,8 +78,8 @@ def add_bench_parser(sub: SubParsers, common: argparse.ArgumentParser) -> None:
     _add_set(p, "config override for every model (repeatable), e.g. --set train.patience=5")
     _add_shorthands(p)
     p.set_defaults(handler=_run_bench)
-    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve,index,merge,scale}", required=False)
-    for add in (_add_merge, _add_latency, _add_serve, _add_index, _add_scale):
+    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve,index,merge,scale,parity}", required=False)
+    for add in (_add_merge, _add_latency, _add_serve, _add_index, _add_scale, _add_parity):
         add(tools, common)
 
 
@@ -215,6 +216,22 @@ def _add_scale(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     scl.set_defaults(handler=_run_scale)
 
 
+def _add_parity(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    par = tools.add_parser(
+        "parity", parents=[common], help="served top-k against the offline two-stage top-k, every test user",
+        description="Start a real server on the bundle, send every test user's test input (training items and "
+        "validation target) as the default request (history and k only), and compare the served top k with "
+        "the offline two-stage top k `seqrec evaluate` ranks with. Prints one line: served NDCG@k (from the "
+        "served lists), offline NDCG@k and how many users' lists differ; exits 1 if any list differs or the "
+        "two NDCG differ by more than 0.001.",
+    )
+    par.add_argument("--artifact", type=Path, required=True, help="the bundle to serve and evaluate")
+    par.add_argument("--data", type=Path, required=True, help="prepared folder the bundle was trained on")
+    par.add_argument("--k", type=int, default=10, help="items per list (NDCG cut-off)")
+    par.add_argument("--ready-timeout", type=float, default=120.0, help="seconds the server may take to start")
+    par.set_defaults(handler=_run_parity)
+
+
 # --------------------------------------------------------------------------- handlers (imports load here)
 
 
@@ -234,3 +251,4 @@ _run_latency = _deferred("offline.bench.latency", "run_latency")
 _run_serve = _deferred("offline.bench.serve", "run_serve_bench")
 _run_index = _deferred("offline.bench.index", "run_index_bench")
 _run_scale = _deferred("offline.bench.scale", "run_scale")
+_run_parity = _deferred("offline.bench.parity", "run_parity")

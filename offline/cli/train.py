@@ -127,8 +127,9 @@ def add_evaluate_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
     p.add_argument("--stage", choices=["auto", "retriever", "two-stage"], default="auto",
                    help="with --artifact: the whole bundle (two-stage when it holds a ranker; the default) or the "
                    "retriever alone")
-    p.add_argument("--depth", type=int, default=None,
-                   help="two-stage: retriever candidates per user (default: the ranker's mining depth)")
+    p.add_argument("--candidates", "--depth", dest="candidates", type=int, default=None,
+                   help="two-stage: retriever candidates per user, the service's `candidates` (default: the depth "
+                   "the ranker was mined, trained and selected at; a deeper one is measured here, never trained on)")
     p.add_argument("--mask-ids", action="store_true",
                    help="two-stage: score every candidate as an unknown item (cold-start simulation)")
     p.set_defaults(handler=_evaluate)
@@ -145,7 +146,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         from ranker.artifact import FOLDER
 
         if args.stage == "two-stage" or (args.artifact / FOLDER).exists():
-            result = evaluate_bundle(args.artifact, data, stage="two-stage", depth=args.depth,
+            result = evaluate_bundle(args.artifact, data, stage="two-stage", depth=args.candidates,
                                      mask_ids=args.mask_ids, ks=ks)
             print_json({"data": str(args.data), **result})
             return 0

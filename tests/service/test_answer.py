@@ -48,7 +48,9 @@ async def test_answer_maps_ids_and_runs_both_stages(served: Bundle, engine: Engi
     history = [served.external(i) for i in (3, 1, 4)]
     body = RecommendRequest(history=[*history, "no-such-item"], k=5)
     out = await answer(body, engine, MemoryStore(), Metrics())
-    (alone,) = recommend_batch(served, [Query([3, 1, 4], k=5, candidates=200)])
+    assert served.ranker is not None
+    # no `candidates` in the body: the depth the ranker was trained at
+    (alone,) = recommend_batch(served, [Query([3, 1, 4], k=5, candidates=served.ranker.depth)])
     assert [item["item_id"] for item in out["items"]] == [served.external(i) for i, _, _ in alone.items]
     assert [item["rank"] for item in out["items"]] == [1, 2, 3, 4, 5]
     assert out["unknown_items"] == ["no-such-item"]

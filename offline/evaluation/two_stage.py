@@ -1,0 +1,60 @@
+"""The second stage over mined groups: each target's rank and each user's top k, from one scoring pass.
+
+`offline.jobs.rank.evaluate_bundle` summarises the ranks; `seqrec bench parity` compares the top k with
+what the service returns. Both come from the same scores, ordered as the service orders them
+(`service.recommend.recommend_batch`): best score first, ties in retrieval order, empty slots never.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ranker.train import FeatureSource, Groups, Scorer, features
+
+
+@dataclass(frozen=True)
+class Reranked:
+    ranks: np.ndarray  # (G,) the target's full-ranking rank (ties pessimistic); n_items + 1 when not retrieved
+    top: np.ndarray  # (G, k) internal ids, best first; 0 where fewer than k were retrieved
+
+
+def rerank_groups(scorer: Scorer | None, source: FeatureSource, groups: Groups, n_items: int, *, k: int,
+                  mask_ids: bool = False, batch_size: int = 512, desc: str = "rerank") -> Reranked:
+    """Score every group's candidates (``scorer`` None: keep the retrieval scores, the retriever alone).
+
+    A target ranks 1 + the number of other candidates scoring at least as high, as
+    `ranker.train.group_ranks` counts it; a target the retriever did not return is a miss.
+    """
+    mined = groups.mined
+    label = mined.label
+    ranks = np.full(len(groups), n_items + 1, dtype=np.int64)
+    top = np.zeros((len(groups), k), dtype=np.int64)
+    with torch.inference_mode():
+        for lo in tqdm(range(0, len(groups), batch_size), desc=desc, unit="batch", disable=None, leave=False):
+            rows = np.arange(lo, min(lo + batch_size, len(groups)))
+            empty = torch.from_numpy(mined.candidates[rows] == 0)
+            if scorer is None:
+                scores = torch.from_numpy(mined.scores[rows]).double()
+            else:
+                mask = torch.ones(empty.shape, dtype=torch.bool) if mask_ids else None
+                scores = scorer(features(source, groups, rows, mask)).double()
+            scores = scores.masked_fill(empty, -torch.inf)
+            hit = label[rows] >= 0
+            target = scores[torch.arange(len(rows)), torch.from_numpy(np.maximum(label[rows], 0))]
+            ranks[rows[hit]] = (scores >= target[:, None]).sum(1).numpy()[hit]
+            top[rows] = _best(scores.numpy(), mined.candidates[rows], k)
+    return Reranked(ranks, top)
+
+
+def _best(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
+    """(b, k) the candidates of the k highest scores, ties in retrieval order (a stable sort), 0 after the last."""
+    out = np.zeros((len(scores), k), dtype=np.int64)
+    for i, (row, ids) in enumerate(zip(scores, candidates, strict=True)):
+        keep = np.flatnonzero(ids > 0)
+        order = keep[np.argsort(-row[keep], kind="stable")][:k]
+        out[i, : len(order)] = ids[order]
+    return out
