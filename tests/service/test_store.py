@@ -87,11 +87,11 @@ async def test_unknown_user_and_delete(store: HistoryStore) -> None:
 
 
 async def test_timestamps_round_trip(store: HistoryStore) -> None:
-    events = [Event("a", 1_700_000_000.123456), Event("b"), Event("c", 5), Event("d", 0.0)]
+    events = [Event("d", 0.0), Event("c", 5), Event("a", 1_700_000_000.123456), Event("b")]
     await store.append("u1", events, max_len=10)
     got = await store.history("u1")
-    assert got == [Event("a", 1_700_000_000.123456), Event("b", None), Event("c", 5.0), Event("d", 0.0)]
-    assert isinstance(got[2].timestamp, float)
+    assert got == [Event("d", 0.0), Event("c", 5.0), Event("a", 1_700_000_000.123456), Event("b", None)]
+    assert isinstance(got[1].timestamp, float)
 
 
 async def test_ping(store: HistoryStore) -> None:
