@@ -9,9 +9,9 @@ Per user, a store keeps two things:
   end, and a later timestamped event is never placed before it (its time is unknown, its arrival is not).
 - **the seen set**: every item the user was recorded with, for ``exclude_seen``, so items that left the window
   are still never recommended (offline evaluation excludes the whole history too). It holds at most
-  ``seen_cap`` items (``SEQREC_SEEN_CAP``); past the cap, the items recorded least recently are forgotten
-  (recording an item again makes it recent) and may be recommended again. Reads return the seen set together
-  with the window's items, so a window item is always seen whatever the cap.
+  ``seen_cap`` items (``SEQREC_SEEN_CAP``); past the cap, the items whose last event is the oldest to arrive
+  are forgotten (any event of an item, a duplicate's too, makes it recent) and may be recommended again.
+  Reads return the seen set together with the window's items, so a window item is always seen whatever the cap.
 
 Two stores share one protocol and one behaviour (one contract test runs both):
 
@@ -161,8 +161,10 @@ class _Record:
             while pos > 0 and (t := self.window[pos - 1].timestamp) is not None and t > event.timestamp:
                 pos -= 1
         self.window.insert(pos, event)
-        self.seen.pop(event.item_id, None)
-        self.seen[event.item_id] = None
+
+    def record_seen(self, item_id: str) -> None:
+        self.seen.pop(item_id, None)
+        self.seen[item_id] = None
 
     def trim(self, max_len: int, seen_cap: int) -> None:
         excess = len(self.window) - max_len
@@ -188,13 +190,14 @@ class MemoryStore:
 
     def _append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
         record = self._records.get(user_id)
+        if not events:  # nothing recorded, nothing cut: as Redis, which is not even called
+            return 0 if record is None else len(record.window)
         if record is None:
-            if not events:
-                return 0
             record = self._records[user_id] = _Record()
         for event in events:
             if not record.is_duplicate(event):
                 record.insert(event)
+            record.record_seen(event.item_id)
         record.trim(max_len, self.seen_cap)
         return len(record.window)
 

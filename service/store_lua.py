@@ -4,9 +4,9 @@ It applies exactly the rule `service.store.MemoryStore` applies in Python (the c
 each event in turn, an exact duplicate (same item, same timestamp as an event in the window, or as one of the
 events last cut from the window at its newest timestamp) is dropped; a timestamped event goes after the last
 event whose timestamp is not later than its own (a stable insert: equal timestamps keep arrival order) and never
-before an event without a timestamp; an event without one goes at the end. Every kept event's item becomes the
-most recent of the seen set. Then the window is cut to its newest ``max_len`` events and the seen set to its
-newest ``seen_cap`` items.
+before an event without a timestamp; an event without one goes at the end. Every event's item, a duplicate's
+too, becomes the most recent of the seen set. Then the window is cut to its newest ``max_len`` events and the
+seen set to its newest ``seen_cap`` items.
 
 Timestamps are compared as the doubles ``cjson`` parses from the JSON Python wrote, and stored only as that
 JSON, never re-encoded in Lua (whose number formatting keeps 14 digits).
@@ -54,9 +54,9 @@ for a = 3, #ARGV, 3 do
     table.insert(raw, pos, entry); table.insert(items, pos, item); table.insert(times, pos, t)
     n = n + 1
     if pos < first then first = pos end
-    clock = clock + 1
-    redis.call('ZADD', KEYS[2], clock, item)
   end
+  clock = clock + 1
+  redis.call('ZADD', KEYS[2], clock, item)
 end
 if first <= n then
   if first == 1 then redis.call('DEL', KEYS[1])
