@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Items remembered per user for `exclude_seen`. Above every user's count of distinct items in our datasets
 # (the longest: 737 in MovieLens-100K, 204 in Amazon Beauty), so no user of theirs reaches it; a user who does
-# is most likely a crawler. Bounded, so one such user costs Redis about a megabyte, not without limit.
+# is most likely a crawler. The cap bounds what one such user can make the store hold.
 DEFAULT_SEEN_CAP = 10_000
 
 
