@@ -2,7 +2,9 @@
 
 The history (given, or the user's stored one) is mapped to internal ids (unknown ids are reported and
 ignored) and cut to the model's last ``max_len`` items; an empty one gets the most popular items, any
-other is queued on the engine, which runs the two stages (`service.recommend`).
+other is queued on the engine, which runs the two stages (`service.recommend`). With ``exclude_seen``, every
+item of a given history is excluded, and for a stored user every item of the store's seen set, which
+reaches past the window (`service.store`), as offline evaluation excludes the whole history.
 """
 
 from __future__ import annotations
@@ -23,26 +25,29 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     when a user_id-only request cannot read the stored history."""
     start = time.perf_counter()
     bundle = engine.bundle
+    seen: frozenset[str] = frozenset()  # stored items beyond the history read here
     if body.history is not None:
         raw = list(body.history)
     elif body.user_id is not None:
-        raw = [e.item_id for e in await store.history(body.user_id)]
+        stored = await store.read(body.user_id)
+        raw, seen = [e.item_id for e in stored.events], stored.seen
     else:
         raw = []
     known = [bundle.index_of.get(i) for i in raw]
     unknown = list(dict.fromkeys(i for i, j in zip(raw, known, strict=True) if j is None))
     history = [j for j in known if j is not None]
     used = history[-bundle.max_len :]
+    excluded = {*history[: -bundle.max_len], *(j for i in seen if (j := bundle.index_of.get(i)) is not None)}
     # checked per request, before batching, so one bad request never fails the batch it would join
     if body.personalize and not bundle.artifact.model.causal:
         raise NeedsCausalModel(f"needs a causal model; this bundle's backbone is {bundle.artifact.manifest.backbone}")
     if not used:
         metrics.fallbacks.labels("popularity").inc()
-        return _popular(bundle, body, history, unknown, start)
+        return _popular(bundle, body, {*history, *excluded}, unknown, start)
     candidates = bundle.default_candidates(body.k) if body.candidates is None else body.candidates
     query = Query(used, k=body.k, candidates=candidates, exclude_seen=body.exclude_seen,
                   rerank=body.rerank, personalize=body.personalize,
-                  exclude=tuple(history[: -bundle.max_len]) if body.exclude_seen else ())
+                  exclude=tuple(sorted(excluded - set(used))) if body.exclude_seen else ())
     queued = time.perf_counter()
     result = await engine.recommend(query, bundle)  # the bundle the ids were mapped with
     total = 1000 * (time.perf_counter() - start)
@@ -56,10 +61,10 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
                           **result.timing_ms, "total": total}}
 
 
-def _popular(bundle: Bundle, body: RecommendRequest, history: list[int], unknown: list[str],
+def _popular(bundle: Bundle, body: RecommendRequest, history: set[int], unknown: list[str],
              start: float) -> dict[str, Any]:
-    """The cold-start answer: the most popular items (less the history's when ``exclude_seen``)."""
-    seen = set(history) if body.exclude_seen else set()
+    """The cold-start answer: the most popular items (less the seen ones when ``exclude_seen``)."""
+    seen = history if body.exclude_seen else set()
     top = [i for i in bundle.popular[: body.k + len(seen)].tolist() if i not in seen][: body.k]
     items = [_item(bundle, i, float(bundle.popularity[i]), 0.0, r + 1) for r, i in enumerate(top)]
     total = 1000 * (time.perf_counter() - start)

@@ -1,10 +1,27 @@
 """Users' interaction histories behind ``POST /events``, ``/users/{id}/history`` and user_id-only ``/recommend``.
 
-Two stores share one protocol:
+Per user, a store keeps two things:
 
-- ``RedisStore``: one Redis list per user (``{prefix}history:{user_id}``), each entry a compact JSON object
-  ``{"i": item_id, "t": timestamp}`` (``"t"`` left out when there is none). An append is RPUSH + LTRIM in one
-  MULTI/EXEC transaction, so one round trip, and concurrent appends never leave a list longer than ``max_len``.
+- **the window**: the newest ``max_len`` events, what the model reads. Events carrying timestamps are kept in
+  timestamp order: an out-of-order event is inserted in place (after the events with the same timestamp, so
+  ties keep arrival order, as ``seqrec prepare``'s stable sort keeps file order), and an exact duplicate (same
+  item, same timestamp) is dropped, as ``seqrec prepare`` drops it. An event without a timestamp goes at the
+  end, and a later timestamped event is never placed before it (its time is unknown, its arrival is not).
+- **the seen set**: every item the user was recorded with, for ``exclude_seen``, so items that left the window
+  are still never recommended (offline evaluation excludes the whole history too). It holds at most
+  ``seen_cap`` items (``SEQREC_SEEN_CAP``); past the cap, the items whose last event is the oldest to arrive
+  are forgotten (any event of an item, a duplicate's too, makes it recent) and may be recommended again.
+  Reads return the seen set together with the window's items, so a window item is always seen whatever the cap.
+
+Two stores share one protocol and one behaviour (one contract test runs both):
+
+- ``RedisStore``: per user a list ``{prefix}history:{user_id}`` (the window, each entry a compact JSON object
+  ``{"i": item_id, "t": timestamp}``, ``"t"`` left out when there is none), a sorted set ``{prefix}seen:{user_id}``
+  (score = the order of recording) and a list ``{prefix}cut:{user_id}`` (the events last cut from the window at
+  its newest cut timestamp, so a replayed old event is still known as a duplicate). An append is one Lua script
+  (`service.store_lua`): atomic, one round trip. Lists written before the seen set existed read as they are
+  (their items count as seen); the seen set starts with the first event appended after the upgrade. No
+  migration step is needed.
 - ``MemoryStore``: the in-process default when no Redis URL is configured (one process, lost on restart).
 
 Any failure to reach Redis (refused, reset, timeout, still loading its dataset, out of pooled connections)
@@ -18,10 +35,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,7 +48,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from retriever.errors import SeqrecError
-from service.settings import Settings
+from service.settings import DEFAULT_SEEN_CAP, Settings
+from service.store_lua import APPEND
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +86,19 @@ class Event:
             object.__setattr__(self, "timestamp", float(self.timestamp))
 
 
+@dataclass(frozen=True)
+class UserHistory:
+    events: list[Event]  # the window, oldest first
+    seen: frozenset[str]  # every remembered item, the window's included
+
+
 class HistoryStore(Protocol):
     name: str  # "redis" or "memory"
+    seen_cap: int
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
-        """Append ``events`` in order, keep the newest ``max_len``; returns the history's new length."""
+        """Record ``events`` in order (in place by timestamp, exact duplicates dropped), keep the newest
+        ``max_len`` in the window; returns the window's new length."""
         ...
 
     async def append_many(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> None:
@@ -80,7 +106,11 @@ class HistoryStore(Protocol):
         ...
 
     async def history(self, user_id: str) -> list[Event]:
-        """Oldest first; ``[]`` for an unknown user."""
+        """The window, oldest first; ``[]`` for an unknown user."""
+        ...
+
+    async def read(self, user_id: str) -> UserHistory:
+        """The window and the seen set, read together."""
         ...
 
     async def delete(self, user_id: str) -> bool:
@@ -104,30 +134,72 @@ def _check_max_len(max_len: int) -> None:
         raise ValueError(f"max_len must be an integer >= 1, got {max_len!r}")
 
 
+def _check_seen_cap(seen_cap: int) -> int:
+    if isinstance(seen_cap, bool) or not isinstance(seen_cap, int) or seen_cap < 1:
+        raise ValueError(f"seen_cap must be an integer >= 1, got {seen_cap!r}")
+    return seen_cap
+
+
 def _check_events(events: Sequence[Event]) -> None:
     for event in events:
         if not isinstance(event, Event):
             raise ValueError(f"events must be Event instances, got {type(event).__name__}")
 
 
+@dataclass
+class _Record:
+    window: list[Event] = field(default_factory=list)
+    seen: dict[str, None] = field(default_factory=dict)  # oldest recorded first
+    cut: list[Event] = field(default_factory=list)  # the last events cut from the window, at its newest cut time
+
+    def is_duplicate(self, event: Event) -> bool:
+        return event.timestamp is not None and (event in self.cut or event in self.window)
+
+    def insert(self, event: Event) -> None:
+        pos = len(self.window)
+        if event.timestamp is not None:
+            while pos > 0 and (t := self.window[pos - 1].timestamp) is not None and t > event.timestamp:
+                pos -= 1
+        self.window.insert(pos, event)
+
+    def record_seen(self, item_id: str) -> None:
+        self.seen.pop(item_id, None)
+        self.seen[item_id] = None
+
+    def trim(self, max_len: int, seen_cap: int) -> None:
+        excess = len(self.window) - max_len
+        for event in self.window[: max(excess, 0)]:
+            t, cut_t = event.timestamp, self.cut[-1].timestamp if self.cut else None
+            if t is not None and (cut_t is None or t > cut_t):
+                self.cut = []
+            if t is not None and (cut_t is None or t >= cut_t):
+                self.cut.append(event)
+        del self.cut[:-seen_cap], self.window[: max(excess, 0)]
+        for item in list(islice(self.seen, max(len(self.seen) - seen_cap, 0))):
+            del self.seen[item]
+
+
 class MemoryStore:
-    """Histories in a dict of deques. Safe under asyncio: no method awaits while it touches the dict."""
+    """Histories in a dict. Safe under asyncio: no method awaits while it touches the dict."""
 
     name = "memory"
 
-    def __init__(self) -> None:
-        self._histories: dict[str, deque[Event]] = {}
+    def __init__(self, *, seen_cap: int = DEFAULT_SEEN_CAP) -> None:
+        self.seen_cap = _check_seen_cap(seen_cap)
+        self._records: dict[str, _Record] = {}
 
     def _append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
-        entries = self._histories.get(user_id)
-        if entries is None:
-            if not events:
-                return 0
-            entries = self._histories[user_id] = deque()
-        entries.extend(events)
-        while len(entries) > max_len:
-            entries.popleft()
-        return len(entries)
+        record = self._records.get(user_id)
+        if not events:  # nothing recorded, nothing cut: as Redis, which is not even called
+            return 0 if record is None else len(record.window)
+        if record is None:
+            record = self._records[user_id] = _Record()
+        for event in events:
+            if not record.is_duplicate(event):
+                record.insert(event)
+            record.record_seen(event.item_id)
+        record.trim(max_len, self.seen_cap)
+        return len(record.window)
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
         _check_user(user_id)
@@ -144,12 +216,16 @@ class MemoryStore:
             self._append(user_id, events, max_len)
 
     async def history(self, user_id: str) -> list[Event]:
+        return (await self.read(user_id)).events
+
+    async def read(self, user_id: str) -> UserHistory:
         _check_user(user_id)
-        return list(self._histories.get(user_id, ()))
+        record = self._records.get(user_id) or _Record()
+        return UserHistory(list(record.window), frozenset(record.seen).union(e.item_id for e in record.window))
 
     async def delete(self, user_id: str) -> bool:
         _check_user(user_id)
-        return self._histories.pop(user_id, None) is not None
+        return self._records.pop(user_id, None) is not None
 
     async def ping(self) -> bool:
         return True
@@ -173,6 +249,14 @@ def _decode(raw: bytes | str) -> Event | None:
         return None
 
 
+def _decode_window(raw_entries: list[bytes | str], user_id: str) -> list[Event]:
+    events = [_decode(raw) for raw in raw_entries]
+    valid = [e for e in events if e is not None]
+    if len(valid) != len(events):
+        log.warning("skipped %d malformed history entries of user %r", len(events) - len(valid), user_id)
+    return valid
+
+
 def redact_url(url: str) -> str:
     """The URL with its password replaced by ``***``, fit for logs and error messages."""
     parts = urlsplit(url)
@@ -191,7 +275,9 @@ class RedisStore:
 
     name = "redis"
 
-    def __init__(self, url: str, *, prefix: str = "seqrec:", timeout_ms: float = 250.0, pool_size: int = 64) -> None:
+    def __init__(self, url: str, *, prefix: str = "seqrec:", timeout_ms: float = 250.0, pool_size: int = 64,
+                 seen_cap: int = DEFAULT_SEEN_CAP) -> None:
+        self.seen_cap = _check_seen_cap(seen_cap)
         if timeout_ms <= 0:
             raise ValueError(f"timeout_ms must be > 0, got {timeout_ms}")
         if pool_size < 1:
@@ -212,9 +298,20 @@ class RedisStore:
             retry=Retry(NoBackoff(), retries=1, supported_errors=(rex.ConnectionError,)),
         )
         self._redis = aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes both
+        self._append_script = self._redis.register_script(APPEND)
 
     def _key(self, user_id: str) -> str:
         return f"{self.prefix}history:{user_id}"
+
+    def _keys(self, user_id: str) -> list[str]:
+        """The window, the seen set, the cut ties: the order `service.store_lua.APPEND` takes them in."""
+        return [self._key(user_id), f"{self.prefix}seen:{user_id}", f"{self.prefix}cut:{user_id}"]
+
+    def _script_args(self, events: Sequence[Event], max_len: int) -> list[str | int]:
+        args: list[str | int] = [max_len, self.seen_cap]
+        for e in events:
+            args += [_encode(e), e.item_id, "" if e.timestamp is None else repr(e.timestamp)]
+        return args
 
     @contextmanager
     def _unavailable_as_store_error(self) -> Iterator[None]:
@@ -232,11 +329,8 @@ class RedisStore:
         with self._unavailable_as_store_error():
             if not events:
                 return int(await self._redis.llen(key))
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.rpush(key, *(_encode(e) for e in events))
-                pipe.ltrim(key, -max_len, -1)
-                pushed_len, _ = await pipe.execute()
-        return min(int(pushed_len), max_len)
+            length = await self._append_script(keys=self._keys(user_id), args=self._script_args(events, max_len))
+        return int(length)
 
     async def append_many(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> None:
         _check_max_len(max_len)
@@ -249,25 +343,31 @@ class RedisStore:
             async with self._redis.pipeline(transaction=True) as pipe:
                 for user_id, events in batch:
                     if events:
-                        key = self._key(user_id)
-                        pipe.rpush(key, *(_encode(e) for e in events))
-                        pipe.ltrim(key, -max_len, -1)
+                        await self._append_script(keys=self._keys(user_id),  # queued, sent by execute()
+                                                  args=self._script_args(events, max_len), client=pipe)
                 await pipe.execute()
 
     async def history(self, user_id: str) -> list[Event]:
         _check_user(user_id)
         with self._unavailable_as_store_error():
             raw_entries = await self._redis.lrange(self._key(user_id), 0, -1)
-        events = [_decode(raw) for raw in raw_entries]
-        valid = [e for e in events if e is not None]
-        if len(valid) != len(events):
-            log.warning("skipped %d malformed history entries of user %r", len(events) - len(valid), user_id)
-        return valid
+        return _decode_window(raw_entries, user_id)
+
+    async def read(self, user_id: str) -> UserHistory:
+        _check_user(user_id)
+        window_key, seen_key, _ = self._keys(user_id)
+        with self._unavailable_as_store_error():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.lrange(window_key, 0, -1)
+                pipe.zrange(seen_key, 0, -1)
+                raw_entries, seen = await pipe.execute()
+        events = _decode_window(raw_entries, user_id)
+        return UserHistory(events, frozenset(i.decode() for i in seen).union(e.item_id for e in events))
 
     async def delete(self, user_id: str) -> bool:
         _check_user(user_id)
         with self._unavailable_as_store_error():
-            return bool(await self._redis.delete(self._key(user_id)))
+            return bool(await self._redis.delete(*self._keys(user_id)))
 
     async def ping(self) -> bool:
         try:
@@ -287,5 +387,6 @@ def make_store(settings: Settings) -> HistoryStore:
             prefix=settings.redis_prefix,
             timeout_ms=settings.redis_timeout_ms,
             pool_size=settings.redis_pool_size,
+            seen_cap=settings.seen_cap,
         )
-    return MemoryStore()
+    return MemoryStore(seen_cap=settings.seen_cap)

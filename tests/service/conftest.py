@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from service.settings import Settings
+from service.store import HistoryStore, make_store
 from tests.service.support import (
     REDIS_SERVER,
     SHARED_REDIS,
@@ -87,3 +89,36 @@ def api(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
     modules that only read from it or write under their own user ids."""
     with serving(tmp_path_factory.mktemp("api"), artifacts=str(bundle)) as server:
         yield server
+
+
+StoreFactory = Callable[..., HistoryStore]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store_factory(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
+    """Makes history stores of one kind (the in-process one, or one on the shared Redis under a unique prefix);
+    keyword arguments are settings (``seen_cap=3``). Every store made shares the one prefix, so two stores of a
+    test see the same Redis data, as two service workers do."""
+    made: list[HistoryStore] = []
+    prefix = request.getfixturevalue("redis_prefix") if request.param == "redis" else None
+
+    def make(**settings: object) -> HistoryStore:
+        if prefix is None:
+            store = make_store(Settings(redis_url=None, **settings))  # type: ignore[arg-type]
+        else:
+            # a generous timeout: these tests check what the store keeps, not how fast (50 concurrent connects to
+            # the shared Redis on a busy 2-core CI machine can take longer than the 250 ms default)
+            store = make_store(Settings(redis_url=SHARED_REDIS, redis_prefix=prefix, redis_timeout_ms=5000,
+                                        **settings))  # type: ignore[arg-type]
+        assert store.name == request.param
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        await store.close()
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory) -> HistoryStore:
+    return store_factory()

@@ -18,7 +18,7 @@ from service.metrics import Metrics
 from service.recommend import NeedsCausalModel, Query, recommend_batch
 from service.schemas import RecommendRequest
 from service.settings import Settings
-from service.store import Event, MemoryStore
+from service.store import Event, HistoryStore, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -106,3 +106,25 @@ async def test_personalize_on_a_bidirectional_model_is_a_422(bidirectional: Bund
                     "type": "value_error"}],
     }
     assert plain.status_code == 200
+
+
+async def test_a_stored_user_never_gets_back_an_item_that_left_the_window(served: Bundle, engine: Engine,
+                                                                          store: HistoryStore) -> None:
+    """The items a stored user would be recommended are then sent as older events (late, timestamps before the
+    window's): they leave the window at once, the window and so the model's input stay the same, and still none
+    of them comes back, on either store. Without the seen set the answer would be those very items."""
+    k, max_len = 20, served.max_len
+    window = [served.external(i) for i in range(1, max_len + 1)]
+    await store.append("u", [Event(i, 100.0 + t) for t, i in enumerate(window)], max_len)
+    body = RecommendRequest(user_id="u", k=k)
+    before = [item["item_id"] for item in (await answer(body, engine, store, Metrics()))["items"]]
+    assert len(before) == k and not set(before) & set(window)
+
+    await store.append("u", [Event(i, float(t)) for t, i in enumerate(before)], max_len)
+    assert [e.item_id for e in await store.history("u")] == window
+    after = [item["item_id"] for item in (await answer(body, engine, store, Metrics()))["items"]]
+    assert len(after) == k
+    assert not set(after) & {*before, *window}
+    # the request may still ask for seen items
+    unfiltered = await answer(RecommendRequest(user_id="u", k=k, exclude_seen=False), engine, store, Metrics())
+    assert set(before) & {item["item_id"] for item in unfiltered["items"]}

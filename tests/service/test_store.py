@@ -1,6 +1,6 @@
 """History stores against real components: the Redis at 127.0.0.1:6379 (db 15, a unique key prefix per test,
 keys deleted afterwards), a redis-server started and killed for the outage test (fixtures in conftest.py), and
-the in-process store."""
+the in-process store. The ordering, duplicate and seen-set contract is in test_store_contract.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 
 import pytest
 import redis.asyncio as aioredis
@@ -18,20 +18,6 @@ from service.store import Event, HistoryStore, MemoryStore, RedisStore, StoreUna
 from tests.service.support import SHARED_REDIS, RedisServer
 
 pytestmark = pytest.mark.anyio
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[HistoryStore]:
-    if request.param == "memory":
-        history_store: HistoryStore = make_store(Settings(redis_url=None))
-    else:
-        prefix = request.getfixturevalue("redis_prefix")
-        # a generous timeout: these tests check what the store keeps, not how fast (50 concurrent connects to
-        # the shared Redis on a busy 2-core CI machine can take longer than the 250 ms default)
-        history_store = make_store(Settings(redis_url=SHARED_REDIS, redis_prefix=prefix, redis_timeout_ms=5000))
-    assert history_store.name == request.param
-    yield history_store
-    await history_store.close()
-
 
 def _ids(events: list[Event]) -> list[str]:
     return [e.item_id for e in events]
@@ -87,11 +73,11 @@ async def test_unknown_user_and_delete(store: HistoryStore) -> None:
 
 
 async def test_timestamps_round_trip(store: HistoryStore) -> None:
-    events = [Event("a", 1_700_000_000.123456), Event("b"), Event("c", 5), Event("d", 0.0)]
+    events = [Event("d", 0.0), Event("c", 5), Event("a", 1_700_000_000.123456), Event("b")]
     await store.append("u1", events, max_len=10)
     got = await store.history("u1")
-    assert got == [Event("a", 1_700_000_000.123456), Event("b", None), Event("c", 5.0), Event("d", 0.0)]
-    assert isinstance(got[2].timestamp, float)
+    assert got == [Event("d", 0.0), Event("c", 5.0), Event("a", 1_700_000_000.123456), Event("b", None)]
+    assert isinstance(got[1].timestamp, float)
 
 
 async def test_ping(store: HistoryStore) -> None:
