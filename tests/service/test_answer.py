@@ -118,7 +118,8 @@ async def test_a_stored_user_never_gets_back_an_item_that_left_the_window(served
     await store.append("u", [Event(i, 100.0 + t) for t, i in enumerate(window)], max_len)
     body = RecommendRequest(user_id="u", k=k)
     before = [item["item_id"] for item in (await answer(body, engine, store, Metrics()))["items"]]
-    assert len(before) == k and not set(before) & set(window)
+    assert len(before) == k
+    assert not set(before) & set(window)
 
     await store.append("u", [Event(i, float(t)) for t, i in enumerate(before)], max_len)
     assert [e.item_id for e in await store.history("u")] == window
