@@ -68,6 +68,11 @@ class Bundle:
     def n_items(self) -> int:
         return self.artifact.n_items
 
+    @property
+    def exclude_seen(self) -> bool:
+        """A request's default: the repeat policy the bundle was evaluated under (exclude for old bundles)."""
+        return self.artifact.manifest.exclude_seen
+
     def external(self, internal: int) -> str:
         return str(self.artifact.item_ids[internal - 1])
 
@@ -94,6 +99,7 @@ class Bundle:
             "backbone": manifest.backbone,
             "n_items": self.n_items,
             "max_len": self.max_len,
+            "repeats": manifest.repeats,
             "ranker": None if self.ranker is None else self.ranker.kind,
             "catalogue": bool(self.metadata and any(self.metadata)),
             "created_at": manifest.created_at,

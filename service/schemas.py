@@ -84,7 +84,8 @@ class RecommendRequest(Strict):
                                          description="item ids, oldest first; the last max_len are read")
     k: Count = Field(10, ge=1, le=1000, description="items to return")
     candidates: Count = Field(200, ge=1, le=2000, description="retrieval depth (at least k is retrieved)")
-    exclude_seen: bool = Field(True, description="never recommend an item of the history")
+    exclude_seen: bool | None = Field(None, description="never recommend an item of the history; default: the "
+                                      "bundle's repeat policy (true under exclude, false under allow)")
     rerank: bool = Field(True, description="rerank the candidates with the bundle's ranker")
     personalize: bool = Field(False, description="PCRec-simple: one gradient step on this history first "
                                                  "(causal models; costs ~10-30 ms)")
