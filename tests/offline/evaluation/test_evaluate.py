@@ -107,7 +107,7 @@ def _by_id(history: torch.Tensor) -> torch.Tensor:
     return torch.arange(7, dtype=torch.float32).expand(len(history), 7).clone()
 
 
-@pytest.mark.parametrize("exclude_seen, expected", [
+@pytest.mark.parametrize(("exclude_seen", "expected"), [
     (True, [7, 3, 7]),  # the history is removed (5 for user 1: 6 and 4 stay ahead); a repeat target is a miss
     (False, [1, 4, 3]),  # nothing is removed: every item competes, history items included
 ])
