@@ -31,6 +31,14 @@ def test_prepare_then_evaluate_popularity(write, tmp_path, capsys):
     assert main(["evaluate", "--model", "popularity", "--data", str(out), "--ks", "1,2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) >= {"valid", "test"}
+    # Sequences a b c | a b c a | a b c a d: the 4-item users' test target and the 5-item users' validation
+    # target repeat "a", so 2 of 6 targets in each split; `auto` therefore allows repeats.
+    assert result["repeat_targets"] == {"valid": round(2 / 6, 6), "test": round(2 / 6, 6)}
+    assert result["repeats"] == "allow"
+    assert main(["evaluate", "--model", "popularity", "--data", str(out), "--ks", "1,2", "--repeats", "exclude"]) == 0
+    excluded = json.loads(capsys.readouterr().out)
+    assert excluded["repeats"] == "exclude"
+    assert excluded["test"]["HR@2"] <= 1 - 2 / 6  # the repeat targets are misses
     assert set(result["test"]) == {f"{m}@{k}" for m in ("HR", "NDCG", "MRR", "Recall") for k in (1, 2)}
 
 
