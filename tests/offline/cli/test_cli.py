@@ -39,6 +39,7 @@ def test_prepare_then_evaluate_popularity(write, tmp_path, capsys):
     excluded = json.loads(capsys.readouterr().out)
     assert excluded["repeats"] == "exclude"
     assert excluded["test"]["HR@2"] <= 1 - 2 / 6 + 1e-6  # the repeat targets are misses (figures are rounded)
+    assert result["test"]["HR@2"] > excluded["test"]["HR@2"]  # "a", the most popular item, is a repeat target
     assert set(result["test"]) == {f"{m}@{k}" for m in ("HR", "NDCG", "MRR", "Recall") for k in (1, 2)}
 
 
