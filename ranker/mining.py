@@ -1,8 +1,12 @@
 """Hard-negative mining: the retriever's top-N for the history before each target.
 
 A group is one (history, target) pair: the candidates are what the served retriever
-returns for that history (FAISS index, history excluded), label 1 goes to the true next
-item and 0 to the others, the hard negatives. Training groups come from training
+returns for that history (FAISS index, under the bundle's repeat policy: the whole history
+excluded, or nothing), label 1 goes to the true next item and 0 to the others, the hard
+negatives. Under exclude a repeat target is never among the candidates, so its group has
+no positive, as when the retriever misses the target: such groups count as misses in
+evaluation and are left out of the ranker's training (a list without its positive teaches
+a listwise or LambdaRank loss nothing). Training groups come from training
 positions only (each user's last few training targets); the validation target's group
 drives the ranker's early stopping and the test target's group is its final evaluation.
 
@@ -96,13 +100,14 @@ def mine(
     depth: int,
     max_len: int,
     batch_size: int = 512,
+    exclude_seen: bool = True,
     desc: str = "mine",
 ) -> Mined:
-    """Top-``depth`` index candidates for every history items[start:end], history excluded.
+    """Top-``depth`` index candidates for every history items[start:end].
 
-    The whole history is excluded (as in evaluation and as the service does with
-    ``exclude_seen``), except the target itself when it is a repeat: full-ranking semantics
-    never exclude the item being predicted. Index row r is internal item r + 1.
+    exclude_seen: the whole history is excluded, a repeat target included (as in evaluation and
+    as the service does with ``exclude_seen``); otherwise nothing is. Index row r is internal
+    item r + 1.
     """
     from retriever.index import search
 
@@ -114,8 +119,8 @@ def mine(
         for lo in tqdm(range(0, n, batch_size), desc=desc, unit="batch", disable=None, leave=False):
             rows = order[lo : lo + batch_size]
             queries = encode(torch.from_numpy(padded_slices(items, start[rows], end[rows], max_len)))
-            exclude = [items[s:e][items[s:e] != t] - 1 for s, e, t in zip(start[rows], end[rows], target[rows],
-                                                                          strict=True)]
+            exclude = [items[s:e] - 1 if exclude_seen else items[s:s] for s, e in zip(start[rows], end[rows],
+                                                                                        strict=True)]
             found_scores, found = search(index, queries.float().cpu().numpy(), depth, exclude=exclude)
             width = found.shape[1]
             candidates[rows, :width] = np.where(found >= 0, found + 1, 0)

@@ -2,7 +2,7 @@
 
     model:  backbone name, similarity, temperature, and the backbone's own options
     loss:   which loss and its options
-    train:  optimiser, schedule, batches, early stopping, seed, device
+    train:  optimiser, schedule, batches, early stopping, seed, device, the repeat policy
 
 Export and the service rebuild the model from the stored config, never from flags.
 """
@@ -72,6 +72,9 @@ class TrainConfig(BaseModel):
         "all", description="all: cut long sequences into max_len windows; last: only the most recent one"
     )
     seed: int = 42
+    repeats: Literal["auto", "exclude", "allow"] = Field(
+        "auto", description="may history items be recommended: exclude, allow, or auto (from the data's "
+        "share of repeat validation targets; see retriever/repeats.py)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1, description="CPU threads (default: torch's choice)")
     eval_batch_size: int | None = Field(None, ge=1)

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from retriever.repeats import LEGACY_REPEATS, RepeatPolicy
+
 FORMAT = "seqrec.retriever/1"
 
 
@@ -33,7 +35,16 @@ class RetrieverManifest(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     index: dict[str, Any] = Field(default_factory=dict, description="IndexSpec.to_dict() of items.faiss")
     training: dict[str, Any] | None = Field(None, description="written by `seqrec train`: epochs, seconds, speed")
+    repeats: RepeatPolicy = Field(
+        LEGACY_REPEATS, description="the bundle's resolved repeat policy (retriever.config), the one source of "
+        "truth that mining, the ranker, evaluation and the service's default exclude_seen follow; absent in "
+        "artifacts older than the policy, which behave as exclude")
     sha256: dict[str, str] | None = Field(None, description="file name -> sha256 of every file in the artifact")
+
+    @property
+    def exclude_seen(self) -> bool:
+        """Whether the history is removed from what this bundle ranks (its repeat policy)."""
+        return self.repeats == "exclude"
 
     def to_dict(self) -> dict[str, Any]:
         """The keys the file holds (defaults it did not hold left out), as JSON-ready values."""

@@ -41,13 +41,14 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     # checked per request, before batching, so one bad request never fails the batch it would join
     if body.personalize and not bundle.artifact.model.causal:
         raise NeedsCausalModel(f"needs a causal model; this bundle's backbone is {bundle.artifact.manifest.backbone}")
+    exclude_seen = bundle.exclude_seen if body.exclude_seen is None else body.exclude_seen
     if not used:
         metrics.fallbacks.labels("popularity").inc()
-        return _popular(bundle, body, {*history, *excluded}, unknown, start)
+        return _popular(bundle, body.k, {*history, *excluded} if exclude_seen else set(), unknown, start)
     candidates = bundle.default_candidates(body.k) if body.candidates is None else body.candidates
-    query = Query(used, k=body.k, candidates=candidates, exclude_seen=body.exclude_seen,
+    query = Query(used, k=body.k, candidates=candidates, exclude_seen=exclude_seen,
                   rerank=body.rerank, personalize=body.personalize,
-                  exclude=tuple(sorted(excluded - set(used))) if body.exclude_seen else ())
+                  exclude=tuple(sorted(excluded - set(used))) if exclude_seen else ())
     queued = time.perf_counter()
     result = await engine.recommend(query, bundle)  # the bundle the ids were mapped with
     total = 1000 * (time.perf_counter() - start)
@@ -61,11 +62,9 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
                           **result.timing_ms, "total": total}}
 
 
-def _popular(bundle: Bundle, body: RecommendRequest, history: set[int], unknown: list[str],
-             start: float) -> dict[str, Any]:
-    """The cold-start answer: the most popular items (less the seen ones when ``exclude_seen``)."""
-    seen = history if body.exclude_seen else set()
-    top = [i for i in bundle.popular[: body.k + len(seen)].tolist() if i not in seen][: body.k]
+def _popular(bundle: Bundle, k: int, seen: set[int], unknown: list[str], start: float) -> dict[str, Any]:
+    """The cold-start answer: the most popular items less ``seen`` (every seen item when excluded)."""
+    top = [i for i in bundle.popular[: k + len(seen)].tolist() if i not in seen][:k]
     items = [_item(bundle, i, float(bundle.popularity[i]), 0.0, r + 1) for r, i in enumerate(top)]
     total = 1000 * (time.perf_counter() - start)
     return {"items": items, "model_version": bundle.version, "reranked": False, "unknown_items": unknown,

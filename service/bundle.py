@@ -79,6 +79,11 @@ class Bundle:
         depth = self.ranker_depth
         return k if depth is None else depth
 
+    @property
+    def exclude_seen(self) -> bool:
+        """A request's default: the repeat policy the bundle was evaluated under (exclude for old bundles)."""
+        return self.artifact.manifest.exclude_seen
+
     def external(self, internal: int) -> str:
         return str(self.artifact.item_ids[internal - 1])
 
@@ -105,6 +110,7 @@ class Bundle:
             "backbone": manifest.backbone,
             "n_items": self.n_items,
             "max_len": self.max_len,
+            "repeats": manifest.repeats,
             "ranker": None if self.ranker is None else self.ranker.kind,
             "candidates": self.ranker_depth,
             "catalogue": bool(self.metadata and any(self.metadata)),

@@ -87,7 +87,8 @@ class RecommendRequest(Strict):
         "retrieval depth (at least k is retrieved); default: the depth the bundle's ranker was trained and "
         "evaluated at (`candidates` in GET /readyz; k without a ranker). A deeper request works, but its quality "
         "was never measured"))
-    exclude_seen: bool = Field(True, description="never recommend an item of the history")
+    exclude_seen: bool | None = Field(None, description="never recommend an item of the history; default: the "
+                                      "bundle's repeat policy (true under exclude, false under allow)")
     rerank: bool = Field(True, description="rerank the candidates with the bundle's ranker")
     personalize: bool = Field(False, description="PCRec-simple: one gradient step on this history first "
                                                  "(causal models; costs ~10-30 ms)")

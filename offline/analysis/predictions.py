@@ -2,8 +2,8 @@
 
 Each user is shown at the test point: the history is everything before the test target
 (training items and the validation item); the retriever's order is the artifact's FAISS
-index with the history excluded (as in evaluation, a target the user already had stays
-eligible); the reranked order is the bundle's ranker over the retriever's candidates, with
+index under the bundle's repeat policy (as in evaluation: the whole history excluded, or
+nothing); the reranked order is the bundle's ranker over the retriever's candidates, with
 the features `seqrec evaluate` uses.
 The test target is marked wherever it appears.
 """
@@ -72,7 +72,8 @@ def top_k(artifact: RetrieverArtifact, split: LeaveOneOut, rows: np.ndarray, k: 
     inputs = split.inputs("test")
     encode = user_encoder(artifact)
     mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1][rows], inputs.offsets[1:][rows],
-                 split.test_targets[rows], depth=depth, max_len=artifact.max_len, desc="predictions")
+                 split.test_targets[rows], depth=depth, max_len=artifact.max_len,
+                 exclude_seen=artifact.manifest.exclude_seen, desc="predictions")
     out = {"retriever": mined.candidates[:, :k]}
     if ranker is not None:
         with torch.inference_mode():

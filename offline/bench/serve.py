@@ -38,7 +38,7 @@ class NoopRequest(BaseModel):
     history: list[str | int] | None = None
     k: int = Field(10, ge=1, le=1000)
     candidates: int = Field(200, ge=1)
-    exclude_seen: bool = True
+    exclude_seen: bool | None = None
     rerank: bool = True
 
 

@@ -62,4 +62,7 @@ def _prepare(args: argparse.Namespace) -> int:
         f"prepared {manifest['source']}: {manifest['users']:,} users, {manifest['items']:,} items, "
         f"{manifest['interactions']:,} interactions -> {args.out}"
     )
+    shares = manifest["repeat_targets"]
+    print(f"repeat targets (already in the user's history): {shares['valid']:.1%} of validation, "
+          f"{shares['test']:.1%} of test")
     return 0

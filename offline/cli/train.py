@@ -8,6 +8,7 @@ from pathlib import Path
 
 from offline.cli.common import Subparsers, parse_ks, print_json
 from retriever.errors import SeqrecError
+from retriever.repeats import REPEATS
 
 
 def add_train_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -132,6 +133,9 @@ def add_evaluate_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
                    "the ranker was mined, trained and selected at; a deeper one is measured here, never trained on)")
     p.add_argument("--mask-ids", action="store_true",
                    help="two-stage: score every candidate as an unknown item (cold-start simulation)")
+    p.add_argument("--repeats", choices=list(REPEATS), default="auto",
+                   help="without --artifact (the popularity baseline): the repeat policy (retriever/repeats.py); "
+                   "an artifact always follows the policy its manifest stores")
     p.set_defaults(handler=_evaluate)
 
 
@@ -158,10 +162,14 @@ def _evaluate(args: argparse.Namespace) -> int:
         print_json({"data": str(args.data), **result})
         return 0
     from retriever.popularity import Popularity
+    from retriever.repeats import resolve_repeats
 
     split = data.split()
     model = Popularity.fit(split.train.items, data.n_items)
-    metrics = evaluate_splits(model.score, split, data.n_items, ks=ks, batch_size=args.batch_size)
-    result = {"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items, **metrics}
+    repeats = resolve_repeats(args.repeats, data.repeat_shares["valid"])
+    metrics = evaluate_splits(model.score, split, data.n_items, ks=ks, batch_size=args.batch_size,
+                              exclude_seen=repeats == "exclude")
+    result = {"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items,
+              "repeats": repeats, "repeat_targets": data.repeat_shares, **metrics}
     print_json(result)
     return 0

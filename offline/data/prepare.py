@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 
 from offline.data.prepared import FORMAT, ITEMS, MANIFEST, SEQUENCES, USERS, sha256_file
 from offline.data.readers.base import RawDataset, natural_key
-from offline.data.split import MIN_LENGTH
+from offline.data.sequences import Sequences
+from offline.data.split import MIN_LENGTH, leave_one_out, repeat_shares
 from retriever.atomic import replace_dir
 from retriever.errors import SeqrecError
 
@@ -84,6 +85,7 @@ def prepare(
         "items": items.num_rows,
         "interactions": len(encoded.items),
         "has_timestamps": raw.has_timestamps,
+        "repeat_targets": _repeat_shares(encoded),
         "filters": asdict(filters),
         "item_columns": [c for c in items.column_names if c not in ("item_idx", "item_id")],
         "source_files": {p.name: sha256_file(p) for p in raw.files},
@@ -92,6 +94,14 @@ def prepare(
     }
     _write_atomically(out, {SEQUENCES: sequences, ITEMS: items, USERS: users}, manifest)
     return manifest
+
+
+def _repeat_shares(data: Encoded) -> dict[str, float]:
+    """Share of validation and test targets that repeat an item earlier in the user's sequence
+    (what decides `train.repeats: auto`; see retriever/repeats.py)."""
+    _, starts = np.unique(data.users, return_index=True)
+    offsets = np.append(starts, len(data.users)).astype(np.int64)
+    return repeat_shares(leave_one_out(Sequences(offsets, data.items.astype(np.int64))))
 
 
 def _apply_rating_filter(raw: RawDataset, min_rating: float | None) -> pa.Table:

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from offline.data.errors import DataError
 from offline.data.sequences import Sequences
-from offline.data.split import LeaveOneOut, leave_one_out
+from offline.data.split import LeaveOneOut, leave_one_out, repeat_shares
 
 FORMAT = "seqrec.prepared/1"
 MANIFEST = "manifest.json"
@@ -60,6 +60,13 @@ class PreparedDataset:
 
     def split(self) -> LeaveOneOut:
         return leave_one_out(self.sequences)
+
+    @property
+    def repeat_shares(self) -> dict[str, float]:
+        """Share of validation and test targets already in the user's history (the manifest's
+        ``repeat_targets``; computed for folders prepared before it was recorded)."""
+        stored = self.manifest.get("repeat_targets")
+        return dict(stored) if isinstance(stored, dict) else repeat_shares(self.split())
 
 
 def load_prepared(path: str | Path, *, verify: bool = True) -> PreparedDataset:

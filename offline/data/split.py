@@ -49,6 +49,19 @@ class LeaveOneOut:
         raise ValueError(f"unknown split {split!r}; expected 'valid' or 'test'")
 
 
+def repeat_targets(inputs: Sequences, targets: np.ndarray) -> np.ndarray:
+    """(n_users,) bool: the user's target already occurs in what the model sees before it."""
+    user = np.repeat(np.arange(len(inputs)), inputs.lengths)
+    seen = inputs.items == np.asarray(targets)[user]
+    return np.bincount(user[seen], minlength=len(inputs)) > 0
+
+
+def repeat_shares(split: LeaveOneOut) -> dict[str, float]:
+    """{"valid": share, "test": share} of targets that repeat an item of their own history."""
+    return {name: round(float(repeat_targets(split.inputs(name), split.targets(name)).mean()), 6)
+            if len(split.full) else 0.0 for name in ("valid", "test")}
+
+
 def leave_one_out(sequences: Sequences) -> LeaveOneOut:
     short = np.flatnonzero(sequences.lengths < MIN_LENGTH)
     if len(short):

@@ -91,7 +91,8 @@ def model_ranks(artifact: RetrieverArtifact, split: LeaveOneOut, which: Split = 
     with torch.inference_mode():
         items = model.item_vectors()
     return chunked_target_ranks(model.user_vectors, items, split.inputs(which), split.targets(which),
-                                scale=model.temperature, max_len=artifact.max_len, desc=f"{which} ranks")
+                                scale=model.temperature, max_len=artifact.max_len,
+                                exclude_seen=artifact.manifest.exclude_seen, desc=f"{which} ranks")
 
 
 def breakdown(ranks: Mapping[str, np.ndarray], split: LeaveOneOut, n_items: int, *, which: Split = "test",

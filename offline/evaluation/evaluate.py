@@ -1,4 +1,10 @@
-"""Streamed full-ranking evaluation of any scorer on a leave-one-out split."""
+"""Streamed full-ranking evaluation of any scorer on a leave-one-out split.
+
+Every function follows a repeat policy (retriever/repeats.py) through ``exclude_seen``:
+True (exclude) removes the user's whole history from the ranking, the target included when
+it is a repeat, so a repeat target is unreachable and gets the worst rank (n_items + 1, a miss
+at every cut-off); False (allow) removes nothing, and history items are ranked on their merit.
+"""
 
 from __future__ import annotations
 
@@ -43,11 +49,13 @@ def target_ranks(
     *,
     batch_size: int | None = None,
     max_len: int | None = None,
+    exclude_seen: bool = True,
     desc: str = "evaluate",
 ) -> np.ndarray:
-    """(n_users,) pessimistic rank of each user's target among all items, history excluded.
+    """(n_users,) pessimistic rank of each user's target among all items.
 
-    The whole history is excluded even when the scorer sees only its last max_len items.
+    exclude_seen: the whole history is excluded (even when the scorer sees only its last max_len
+    items) and a repeat target is a miss; otherwise nothing is.
     """
     batch_size = batch_size or default_batch_size(n_items)
     ranks = np.empty(len(inputs), dtype=np.int64)
@@ -58,9 +66,14 @@ def target_ranks(
             rows = order[start : start + batch_size]
             history = torch.from_numpy(inputs.padded(rows))
             scores = scorer(history if max_len is None else history[:, -max_len:])
-            exclude = torch.zeros(scores.shape, dtype=torch.bool).scatter_(1, history, True)
             batch_targets = torch.from_numpy(targets[rows]).long()
-            ranks[rows] = pessimistic_ranks(scores.float(), batch_targets, exclude).numpy()
+            if not exclude_seen:
+                ranks[rows] = pessimistic_ranks(scores.float(), batch_targets).numpy()
+                continue
+            exclude = torch.zeros(scores.shape, dtype=torch.bool).scatter_(1, history, True)
+            batch_ranks = pessimistic_ranks(scores.float(), batch_targets, exclude)
+            repeat = exclude.gather(1, batch_targets[:, None]).squeeze(1)
+            ranks[rows] = torch.where(repeat, n_items + 1, batch_ranks).numpy()
     return ranks
 
 
@@ -74,6 +87,7 @@ def chunked_target_ranks(
     batch_size: int = 1024,
     item_chunk: int | None = None,
     max_len: int | None = None,
+    exclude_seen: bool = True,
     desc: str = "evaluate",
 ) -> np.ndarray:
     """The ranks of :func:`target_ranks` for a scorer ``encode(h) @ items.T / scale``, streamed over items too.
@@ -96,8 +110,12 @@ def chunked_target_ranks(
             target = torch.from_numpy(targets[rows]).long().to(device)
             if len(target) and (int(target.min()) < 1 or int(target.max()) >= n_rows):
                 raise ValueError(f"targets must be internal ids in [1, {n_rows - 1}] (0 is padding)")
-            ahead = _count_ahead(users, items, history, target, scale=scale, item_chunk=item_chunk)
-            ranks[rows] = (ahead.long() + 1).cpu().numpy()
+            removed = history if exclude_seen else history[:, :0]
+            ahead = _count_ahead(users, items, removed, target, scale=scale, item_chunk=item_chunk)
+            batch_ranks = ahead.long() + 1
+            if exclude_seen:
+                batch_ranks[(history == target[:, None]).any(1)] = n_rows  # a repeat target: unreachable
+            ranks[rows] = batch_ranks.cpu().numpy()
     return ranks
 
 
@@ -117,7 +135,8 @@ def _block_target_scores(users: Tensor, items: Tensor, target: Tensor, *, scale:
 
 def _count_ahead(users: Tensor, items: Tensor, history: Tensor, target: Tensor, *, scale: float,
                  item_chunk: int) -> Tensor:
-    """(B,) int32: per user, the items scoring at least the target, history, padding and target left out."""
+    """(B,) int32: per user, the items scoring at least the target, ``history`` (the removed items: (B, T),
+    possibly T = 0), padding and the target left out."""
     n_rows, device = items.shape[0], users.device
     several = n_rows > item_chunk
     target_score = _block_target_scores(users, items, target, scale=scale, item_chunk=item_chunk) if several \
@@ -153,10 +172,12 @@ def evaluate_vectors(
     ks: Sequence[int] = EVAL_KS,
     batch_size: int | None = None,
     max_len: int | None = None,
+    exclude_seen: bool = True,
 ) -> dict[str, dict[str, float]]:
     """:func:`evaluate_splits` for a vector model (scores = user . item / scale), streamed over items."""
     return _per_split(data, splits, ks, lambda inputs, targets, split: chunked_target_ranks(
-        encode, items, inputs, targets, scale=scale, batch_size=batch_size or 1024, max_len=max_len, desc=split))
+        encode, items, inputs, targets, scale=scale, batch_size=batch_size or 1024, max_len=max_len,
+        exclude_seen=exclude_seen, desc=split))
 
 
 def _per_split(data: LeaveOneOut, splits: Sequence[Split], ks: Sequence[int],
@@ -179,10 +200,12 @@ def evaluate_splits(
     ks: Sequence[int] = EVAL_KS,
     batch_size: int | None = None,
     max_len: int | None = None,
+    exclude_seen: bool = True,
 ) -> dict[str, dict[str, float]]:
     """{"valid": {...}, "test": {...}} metric means for the scorer."""
     return _per_split(data, splits, ks, lambda inputs, targets, split: target_ranks(
-        scorer, inputs, targets, n_items, batch_size=batch_size, max_len=max_len, desc=split))
+        scorer, inputs, targets, n_items, batch_size=batch_size, max_len=max_len, exclude_seen=exclude_seen,
+        desc=split))
 
 
 def index_target_ranks(
@@ -195,9 +218,11 @@ def index_target_ranks(
     depth: int,
     batch_size: int = 1024,
     max_len: int | None = None,
+    exclude_seen: bool = True,
     desc: str = "index",
 ) -> np.ndarray:
-    """Ranks as a served model sees them: the index's top ``depth`` after removing the history.
+    """Ranks as a served model sees them: the index's top ``depth`` after removing the history
+    (``exclude_seen``, a repeat target included) or nothing.
 
     Row r of the index is internal item r + 1. A target outside the top ``depth`` gets rank
     n_items + 1, so metrics at cut-offs up to ``depth`` equal the full-ranking ones whenever
@@ -213,8 +238,7 @@ def index_target_ranks(
             history = inputs.padded(rows)
             queries = encode(torch.from_numpy(history if max_len is None else history[:, -max_len:]))
             batch_targets = targets[rows]
-            # As in full ranking: the history is removed, the target never is (even when it is a repeat).
-            exclude = [h[(h != 0) & (h != t)] - 1 for h, t in zip(history, batch_targets, strict=True)]
+            exclude = [h[h != 0] - 1 if exclude_seen else h[:0] for h in history]
             scores, found = search(index, queries.float().cpu().numpy(), depth, exclude=exclude)
             target_rows = batch_targets[:, None] - 1
             hit = found == target_rows  # (B, depth)

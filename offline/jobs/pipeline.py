@@ -227,7 +227,8 @@ def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str,
     options = ReaderOptions(path=d.path, synthetic=d.synthetic or None, **d.reader)
     manifest = prepare_dataset(d.dataset, run.data, options, Filters(d.min_user_interactions, d.k_core, d.min_rating),
                                download=d.download, overwrite=True)
-    return {"users": manifest["users"], "items": manifest["items"], "interactions": manifest["interactions"]}
+    return {"users": manifest["users"], "items": manifest["items"], "interactions": manifest["interactions"],
+            "repeat_targets": manifest["repeat_targets"]}
 
 
 def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
@@ -245,7 +246,8 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
         manifest = read_manifest(run.bundle)
     else:
         manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, resume=resume)
-    return {"version": manifest.version, "resumed": resume, "valid_ndcg@10": manifest.metrics["valid"]["NDCG@10"],
+    return {"version": manifest.version, "resumed": resume, "repeats": manifest.repeats,
+            "valid_ndcg@10": manifest.metrics["valid"]["NDCG@10"],
             "test_ndcg@10": manifest.metrics["test"]["NDCG@10"]}
 
 
@@ -284,7 +286,8 @@ def _evaluate(run: Run, config: PipelineConfig, threads: int | None) -> dict[str
     from offline.jobs.rank import evaluate_bundle
 
     result = evaluate_bundle(run.bundle, load_prepared(run.data))
-    keep = {"system": result["stage"], "depth": result["depth"]}
+    keep = {"system": result["stage"], "depth": result["depth"], "repeats": result["repeats"],
+            "repeat_targets": result["repeat_targets"]}
     for split in ("valid", "test"):
         keep[split] = result[split]
         if "retriever" in result:
@@ -364,4 +367,13 @@ def summary_table(summary: PipelineSummary) -> str:
         metrics_rows.append((system, split, *(f"{metrics[k]:.4f}" for k in ("HR@10", "NDCG@10", "MRR@10"))))
     return "\n".join([markdown_table(("stage", "seconds"), times), "",
                       markdown_table(("system", "split", "HR@10", "NDCG@10", "MRR@10"), metrics_rows), "",
-                      f"published {summary.version} -> {summary.path}"])
+                      *_repeat_line(ev), f"published {summary.version} -> {summary.path}"])
+
+
+def _repeat_line(evaluation: dict[str, Any]) -> list[str]:
+    """Which repeat policy the figures above follow, and how repeat-heavy the data is."""
+    shares = evaluation.get("repeat_targets")
+    if not shares:
+        return []
+    return [f"repeats: {evaluation.get('repeats')} ({shares['valid']:.1%} of validation, {shares['test']:.1%} of "
+            "test targets are already in the user's history)", ""]

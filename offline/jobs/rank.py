@@ -21,7 +21,7 @@ from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.evaluation.two_stage import Reranked, rerank_groups
-from offline.jobs.train import check_catalogue, item_feature_matrix
+from offline.jobs.train import check_catalogue, item_feature_matrix, repeat_record
 from ranker.artifact import Ranker, RankerArtifact, RankerManifest, load_ranker, unit_item_vectors, write_ranker
 from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, TRAINABLE_KINDS, RankerConfig, ranker_default
 from ranker.features import ItemTables
@@ -40,6 +40,7 @@ from ranker.train import (
 from retriever.artifact import RetrieverArtifact, load_artifact
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
+from retriever.repeats import LEGACY_REPEATS
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +99,24 @@ def train_holdout_retriever(artifact: RetrieverArtifact, data: PreparedDataset, 
 
     if (out / "manifest.json").exists():
         holdout = load_artifact(out)
-        if holdout.config.model_dump() != artifact.config.model_dump():
+        same_policy = holdout.manifest.repeats == artifact.manifest.repeats
+        if _without_policy(holdout) != _without_policy(artifact) or not same_policy:
             raise SeqrecError(f"{out} holds a holdout retriever with another config than {artifact.path}")
         return holdout
     inner = holdout_data(data)
     log.info("training the holdout retriever for mining on %d users -> %s", inner.n_users, out)
-    train_retriever(artifact.config, inner, out, resume=(out / "run" / "last.pt").exists())
+    # The bundle's resolved policy, not "auto" again: the holdout data's own repeat share may differ.
+    config = artifact.config.model_copy(update={"train": artifact.config.train.model_copy(
+        update={"repeats": artifact.manifest.repeats})})
+    train_retriever(config, inner, out, resume=(out / "run" / "last.pt").exists())
     return load_artifact(out)
+
+
+def _without_policy(artifact: RetrieverArtifact) -> dict[str, Any]:
+    """The run config less the repeat request (the holdout runs the bundle's resolved policy)."""
+    raw = artifact.config.model_dump()
+    raw["train"].pop("repeats", None)
+    return raw
 
 
 def holdout_data(data: PreparedDataset) -> PreparedDataset:
@@ -144,7 +156,8 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: Rank
     for name, (items, start, end, target) in plans.items():
         miner = holdout if holdout is not None and name == "train" else artifact
         out[name] = mine(user_encoder(miner), miner.index, items, start, end, target, depth=depth,
-                         max_len=miner.max_len, batch_size=batch_size, desc=f"mine {name}")
+                         max_len=miner.max_len, batch_size=batch_size,
+                         exclude_seen=artifact.manifest.exclude_seen, desc=f"mine {name}")
         log.info("mined %s: %d groups, retriever recall@%d %.4f", name, len(out[name]), depth, out[name].recall())
     return out
 
@@ -154,10 +167,12 @@ def _per_user(config: RankerConfig, holdout: RetrieverArtifact | None) -> int:
     return HOLDOUT_PER_USER if holdout is not None else config.per_user
 
 
-def mining_record(mined: dict[str, Mined], config: RankerConfig, holdout: RetrieverArtifact | None) -> dict[str, Any]:
-    """How the groups were mined, as mined.json and the ranker manifest's "mining" record it."""
+def mining_record(mined: dict[str, Mined], config: RankerConfig, holdout: RetrieverArtifact | None,
+                  repeats: str) -> dict[str, Any]:
+    """How the groups were mined, as mined.json and the ranker manifest's "mining" record it (``repeats``:
+    the retriever manifest's policy they were mined under, recorded, not a second source of truth)."""
     depth = next(iter(mined.values())).depth
-    return {"depth": depth, "per_user": _per_user(config, holdout),
+    return {"depth": depth, "per_user": _per_user(config, holdout), "repeats": repeats,
             "train_mined_by": "holdout" if holdout is not None else "retriever",
             "holdout_version": None if holdout is None else holdout.manifest.version,
             "groups": {n: len(g) for n, g in mined.items()},
@@ -169,7 +184,8 @@ def save_mined(mined: dict[str, Mined], out: Path, artifact: RetrieverArtifact, 
     out.mkdir(parents=True, exist_ok=True)
     for name, groups in mined.items():
         atomic_write(out / f"{name}.npz", groups.save)
-    info = {"retriever_version": artifact.manifest.version, **mining_record(mined, config, holdout)}
+    info = {"retriever_version": artifact.manifest.version,
+            **mining_record(mined, config, holdout, artifact.manifest.repeats)}
     atomic_write(out / "mined.json", lambda p: p.write_text(json.dumps(info, indent=2)))
     return info
 
@@ -184,6 +200,9 @@ def load_mined(folder: Path, artifact: RetrieverArtifact) -> tuple[dict[str, Min
     if info.get("retriever_version") != artifact.manifest.version:
         raise SeqrecError(f"{folder} was mined from retriever {info.get('retriever_version')}, not "
                           f"{artifact.manifest.version}; mine again")
+    if info.get("repeats", LEGACY_REPEATS) != artifact.manifest.repeats:
+        raise SeqrecError(f"{folder} was mined under repeats: {info.get('repeats', LEGACY_REPEATS)}, the bundle "
+                          f"follows {artifact.manifest.repeats}; mine again")
     holdout = None
     if info.get("train_mined_by") == "holdout":
         holdout = load_artifact(folder / HOLDOUT)
@@ -242,7 +261,7 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
         masked = _two_stage_metrics(ranker.score, source, groups, data.n_items, mask_ids=True)
         metrics["ids_masked"] = {s: masked[s] for s in ("valid", "test")}
     extra = {
-        "mining": mining_record(mined, config, miner),
+        "mining": mining_record(mined, config, miner, artifact.manifest.repeats),
         "selection": {"requested": config.kind, "chosen": chosen,
                       "valid_ndcg@10": {n: round(v, 6) for n, v in selection.items()}},
         "training": {"seconds": round(fit_seconds, 1), "total_seconds": round(time.perf_counter() - started, 1),
@@ -322,7 +341,7 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
     usable = tuple(k for k in ks if k <= system.depth)
     groups = _retrieved(system, data, splits)
     result: dict[str, Any] = {"artifact": str(bundle), "version": system.artifact.manifest.version,
-                              "stage": system.stage, "depth": system.depth,
+                              "stage": system.stage, **repeat_record(system.artifact, data), "depth": system.depth,
                               "ranker_depth": None if system.ranker is None else system.ranker.depth,
                               f"recall@{system.depth}": {n: round(g.mined.recall(), 6) for n, g in groups.items()}}
     for name, g in groups.items():
@@ -378,7 +397,8 @@ def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) 
     for name in splits:
         inputs, target = plans[name]
         mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:], target,
-                     depth=system.depth, max_len=artifact.max_len, desc=f"retrieve {name}")
+                     depth=system.depth, max_len=artifact.max_len, exclude_seen=artifact.manifest.exclude_seen,
+                     desc=f"retrieve {name}")
         groups[name] = make_groups(mined, sources[name], encode, artifact.max_len)
     return groups
 

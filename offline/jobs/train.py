@@ -24,6 +24,7 @@ from retriever.distributed import Distributed, broadcast_bytes, process_group
 from retriever.errors import SeqrecError
 from retriever.index import IndexSpec
 from retriever.model import Retriever
+from retriever.repeats import resolve_repeats
 from retriever.train import fit, resolve_device
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,13 @@ def item_feature_matrix(data: PreparedDataset, column: str) -> tuple[np.ndarray,
 
 def dense_metrics(model: Retriever, split: LeaveOneOut, n_items: int, max_len: int,
                   splits: tuple[Split, ...] = ("valid", "test"), batch_size: int | None = None,
-                  ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+                  ks: tuple[int, ...] = EVAL_KS, *, exclude_seen: bool = True) -> dict[str, Any]:
     """Full-ranking metrics of a retriever, streamed over users and item blocks (any catalogue size)."""
     model.eval()
     with torch.inference_mode():
         items = model.item_vectors()  # (n_items + 1, D), on the model's device
     return evaluate_vectors(model.user_vectors, items, split, scale=model.temperature, splits=splits, ks=ks,
-                            batch_size=batch_size, max_len=max_len)
+                            batch_size=batch_size, max_len=max_len, exclude_seen=exclude_seen)
 
 
 def evaluation_sample(split: LeaveOneOut, users: int | None, seed: int) -> LeaveOneOut:
@@ -84,7 +85,8 @@ def index_metrics(artifact: RetrieverArtifact, split: LeaveOneOut, splits: tuple
     for name in splits:
         ranks = index_target_ranks(
             model.user_vectors, artifact.index, split.inputs(name), split.targets(name), artifact.n_items,
-            depth=max(ks), max_len=artifact.max_len, desc=f"{name} (index)",
+            depth=max(ks), max_len=artifact.max_len, exclude_seen=artifact.manifest.exclude_seen,
+            desc=f"{name} (index)",
         )
         out[name] = summarize(ranks, ks)
     return out
@@ -124,17 +126,21 @@ def _train_retriever(
     split = data.split()
     max_len = config.max_len(data.n_items)
     eval_batch = config.train.eval_batch_size
+    repeats = resolve_repeats(config.train.repeats, data.repeat_shares["valid"])
+    exclude_seen = repeats == "exclude"
     # Model selection and the reported metrics use the same users: all of them, or a fixed sample.
     evaluated = evaluation_sample(split, config.train.eval_users, config.train.seed)
 
     def validate(model: Retriever) -> dict[str, float]:
-        return dense_metrics(model, evaluated, data.n_items, max_len, ("valid",), eval_batch)["valid"]
+        return dense_metrics(model, evaluated, data.n_items, max_len, ("valid",), eval_batch,
+                             exclude_seen=exclude_seen)["valid"]
 
     result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume,
                  item_features=None if features is None else torch.from_numpy(features), dist=dist)
     if dist is not None and not dist.is_main:
         return None
-    metrics = dense_metrics(result.model, evaluated, data.n_items, max_len, batch_size=eval_batch)
+    metrics = dense_metrics(result.model, evaluated, data.n_items, max_len, batch_size=eval_batch,
+                            exclude_seen=exclude_seen)
     training = {
         "evaluated_users": len(evaluated.full),
         "best_epoch": result.best_epoch,
@@ -146,12 +152,18 @@ def _train_retriever(
     manifest = write_artifact(
         out, result.model.cpu(), config, np.asarray(data.item_ids[1:], dtype=str), metrics=metrics,
         dataset=dataset_fingerprint(data), index_spec=index_spec, history=result.history,
-        extra={"training": training}, catalogue=data.path / "items.parquet",
+        extra={"training": training, "repeats": repeats, "repeat_targets": data.repeat_shares},
+        catalogue=data.path / "items.parquet",
         popularity=np.bincount(split.train.items, minlength=data.n_items + 1)[: data.n_items + 1],
     )
-    log.info("best epoch %d: valid NDCG@10 %.4f, test NDCG@10 %.4f", result.best_epoch,
-             metrics["valid"]["NDCG@10"], metrics["test"]["NDCG@10"])
+    log.info("best epoch %d: valid NDCG@10 %.4f, test NDCG@10 %.4f (repeats: %s)", result.best_epoch,
+             metrics["valid"]["NDCG@10"], metrics["test"]["NDCG@10"], repeats)
     return manifest
+
+
+def repeat_record(artifact: RetrieverArtifact, data: PreparedDataset) -> dict[str, Any]:
+    """What every evaluation output repeats: the policy it followed and the data's repeat shares."""
+    return {"repeats": artifact.manifest.repeats, "repeat_targets": data.repeat_shares}
 
 
 def check_catalogue(artifact: RetrieverArtifact, data: PreparedDataset) -> None:
@@ -170,8 +182,10 @@ def evaluate_artifact(path: Path, data: PreparedDataset, *, ks: tuple[int, ...] 
     split = data.split()
     model = artifact.model
 
-    dense = dense_metrics(model, split, data.n_items, artifact.max_len, batch_size=batch_size, ks=ks)
-    result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest.version, **dense}
+    dense = dense_metrics(model, split, data.n_items, artifact.max_len, batch_size=batch_size, ks=ks,
+                          exclude_seen=artifact.manifest.exclude_seen)
+    result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest.version,
+                              **repeat_record(artifact, data), **dense}
     if use_index:
         result["index"] = {"spec": artifact.manifest.index, **index_metrics(artifact, split, ks=ks)}
     return result

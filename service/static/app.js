@@ -253,6 +253,8 @@ async function describeModel() {
     const ready = await api("readyz");
     $("model").textContent = `Model ${ready.model_version} (${ready.backbone}, ${ready.n_items} items, `
       + `${ready.ranker ? `${ready.ranker} ranker` : "no ranker"}).`;
+    // The bundle's repeat policy is the default: history items are shown only where it was evaluated so.
+    $("exclude-seen").checked = ready.repeats !== "allow";
   } catch (err) {
     $("model").textContent = `The service is not ready: ${err.message}`;
   }

@@ -57,24 +57,39 @@ def _encode(vectors: torch.Tensor):  # type: ignore[no-untyped-def]
     return encode
 
 
-def test_mining_excludes_the_history_but_never_the_target() -> None:
+def test_mining_under_exclude_removes_the_whole_history_a_repeat_target_included() -> None:
     vectors = _vectors()
     index = build_index(normalize(vectors[1:].numpy()), IndexSpec())
     items = np.array([3, 5, 3, 7], dtype=np.int64)
     # Group 0: history [3, 5], target 3 (a repeat). Group 1: history [3, 5, 3], target 7.
     mined = mine(_encode(vectors), index, items, np.array([0, 0]), np.array([2, 3]), np.array([3, 7]),
                  depth=N_ITEMS, max_len=10)
-    assert 5 not in mined.candidates[0]
-    assert 3 in mined.candidates[0]
+    assert not {3, 5} & set(mined.candidates[0].tolist())  # the repeat target is unreachable: no positive
     assert not {3, 5} & set(mined.candidates[1].tolist())
-    assert mined.label[0] >= 0
+    assert mined.label.tolist()[0] == -1
     assert mined.label[1] >= 0
-    assert mined.recall() == 1.0
+    assert mined.recall() == 0.5
+    assert (mined.candidates[0] != 0).sum() == N_ITEMS - 2
     assert np.all(np.diff(mined.scores[0][mined.candidates[0] != 0]) <= 1e-6)  # best first
     # The scores are the cosine of the encoder's user vector and the candidate's vector.
     user = _encode(vectors)(torch.tensor([[3, 5, 3]]))[0]
     c = mined.candidates[1][0]
     assert mined.scores[1][0] == pytest.approx(float(user @ vectors[c]), abs=1e-5)
+
+
+def test_mining_under_allow_removes_nothing() -> None:
+    vectors = _vectors()
+    index = build_index(normalize(vectors[1:].numpy()), IndexSpec())
+    items = np.array([3, 5, 3, 7], dtype=np.int64)
+    mined = mine(_encode(vectors), index, items, np.array([0, 0]), np.array([2, 3]), np.array([3, 7]),
+                 depth=N_ITEMS, max_len=10, exclude_seen=False)
+    for row in mined.candidates:
+        assert sorted(row.tolist()) == list(range(1, N_ITEMS + 1))  # every item, the history's included
+    assert (mined.label >= 0).all()
+    # The history's items compete on their score: 3 stands where its cosine with the user puts it.
+    user = _encode(vectors)(torch.tensor([[3, 5]]))[0]
+    expected = sorted(range(1, N_ITEMS + 1), key=lambda i: -float(user @ vectors[i]))
+    assert mined.candidates[0].tolist().index(3) == expected.index(3)
 
 
 def _tables() -> ItemTables:

@@ -263,3 +263,36 @@ def test_cli_holdout_mining_and_auto_selection(bundle: Path, prepared: Path, tmp
     assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--mined",
                  str(tmp_path / "direct"), "-q"]) == 1
     assert "without the holdout retriever" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("repeats", ["auto", "exclude"])
+def test_mining_ranking_and_evaluation_follow_the_bundles_repeat_policy(
+        bundle: Path, prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture, repeats: str) -> None:
+    # The synthetic data is repeat-heavy (~80 % of targets), so "auto" resolves to allow.
+    shares = load_prepared(prepared).repeat_shares
+    assert shares["valid"] > 0.5
+    work = tmp_path / "bundle"
+    if repeats == "auto":
+        shutil.copytree(bundle, work)
+    else:
+        assert main(["train", "--data", str(prepared), "--out", str(work), *TINY, "--train.repeats", repeats,
+                     "-q"]) == 0
+    policy = "allow" if repeats == "auto" else repeats
+    assert load_artifact(work).manifest.repeats == policy
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "lgbm", "--mining",
+                 "direct", "--depth", "20", "-q"]) == 0
+    capsys.readouterr()
+    ranker = load_ranker(work, load_artifact(work).manifest)
+    assert ranker is not None
+    assert ranker.manifest.mining is not None
+    assert ranker.manifest.mining["repeats"] == policy
+    assert main(["evaluate", "--artifact", str(work), "--data", str(prepared), "-q"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["repeats"], result["repeat_targets"]) == (policy, shares)
+    for split in ("valid", "test"):
+        ceiling = 1 - shares[split]  # the share of targets that are not repeats
+        if policy == "exclude":  # a repeat target is unreachable: no system can hit more than the fresh ones
+            assert result["recall@20"][split] <= ceiling + 1e-9
+            assert result[split]["HR@20"] <= ceiling + 1e-9
+        else:  # repeat targets are reachable, and the retriever returns them
+            assert result["recall@20"][split] > ceiling

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from retriever.config import ConfigError, apply_overrides, config_from_dict, load_config, parse_cli_overrides
+from retriever.repeats import REPEAT_THRESHOLD, resolve_repeats
 
 CONFIGS = sorted(p for p in (Path(__file__).parents[2] / "configs").glob("*/*.yaml")
                  if p.parent.name != "pipeline")  # pipeline configs: tests/offline/jobs/test_pipeline.py
@@ -64,3 +65,25 @@ def test_bad_cli_overrides(overrides: list[str], message: str) -> None:
 def test_bad_configs_name_the_key(raw: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config_from_dict(raw)
+
+
+@pytest.mark.parametrize(("requested", "valid_share", "policy"), [
+    ("auto", 0.0, "exclude"),  # Beauty, ML-100K: no repeat targets
+    ("auto", REPEAT_THRESHOLD, "exclude"),  # at the threshold: still exclude
+    ("auto", 0.067, "allow"),  # re-consumption data
+    ("auto", 0.44, "allow"),  # the demo's synthetic data
+    ("exclude", 0.44, "exclude"),  # an explicit choice wins over the data
+    ("allow", 0.0, "allow"),
+])
+def test_the_repeat_policy_follows_the_validation_share_only_under_auto(requested: str, valid_share: float,
+                                                                       policy: str) -> None:
+    assert resolve_repeats(requested, valid_share) == policy
+
+
+def test_the_repeat_policy_is_a_checked_train_key() -> None:
+    assert load_config(None).train.repeats == "auto"
+    assert load_config(None, ["train.repeats=allow"]).train.repeats == "allow"
+    with pytest.raises(ConfigError, match="repeats"):
+        load_config(None, ["train.repeats=sometimes"])
+    with pytest.raises(ValueError, match="sometimes"):
+        resolve_repeats("sometimes", 0.5)

@@ -31,6 +31,9 @@ def test_old_artifact_loads_and_scores_as_written(name: str) -> None:
     assert artifact.manifest.training["best_epoch"] == 1
     assert artifact.manifest.to_dict() == json.loads((path / "manifest.json").read_text())
     assert artifact.manifest.backbone == json.loads((path / "config.json").read_text())["model"]["backbone"]
+    # Written before the repeat policy: the history stays excluded, as it always was.
+    assert artifact.manifest.repeats == "exclude"
+    assert artifact.manifest.exclude_seen
 
 
 def test_a_trained_manifest_round_trips_through_the_typed_record() -> None:

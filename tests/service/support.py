@@ -41,9 +41,12 @@ def prepare_synthetic(out: Path) -> Path:
     return out
 
 
-def train_bundle(data: Path, out: Path, *, seed: int, ranker: bool = True) -> Path:
-    """A tiny transformer bundle (max_len 10), with a LightGBM ranker mined at depth 20 unless told otherwise."""
-    assert seqrec(["train", "--data", str(data), "--out", str(out), *TINY_MODEL, "--seed", str(seed), "-q"]) == 0
+def train_bundle(data: Path, out: Path, *, seed: int, ranker: bool = True, repeats: str = "exclude") -> Path:
+    """A tiny transformer bundle (max_len 10), with a LightGBM ranker mined at depth 20 unless told otherwise.
+
+    The repeat policy is explicit: the synthetic data is repeat-heavy, so "auto" would pick allow."""
+    assert seqrec(["train", "--data", str(data), "--out", str(out), *TINY_MODEL, "--seed", str(seed),
+                   "--train.repeats", repeats, "-q"]) == 0
     if ranker:
         assert seqrec(["train-ranker", "--artifact", str(out), "--data", str(data), "--kind", "lgbm",
                        "--mining", "direct", "--depth", "20", "--threads", "1", "-q"]) == 0

@@ -4,6 +4,8 @@ queued, so it never fails the batch it would have joined."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -129,3 +131,37 @@ async def test_a_stored_user_never_gets_back_an_item_that_left_the_window(served
     # the request may still ask for seen items
     unfiltered = await answer(RecommendRequest(user_id="u", k=k, exclude_seen=False), engine, store, Metrics())
     assert set(before) & {item["item_id"] for item in unfiltered["items"]}
+
+
+def _with_policy(bundle: Path, out: Path, repeats: str | None) -> Path:
+    """A copy of ``bundle`` whose manifest says ``repeats`` (None: no policy at all, as before it existed)."""
+    shutil.copytree(bundle, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.pop("repeats", None)
+    if repeats is not None:
+        manifest["repeats"] = repeats
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.mark.parametrize(("repeats", "excluded"), [("exclude", True), ("allow", False), (None, True)])
+async def test_exclude_seen_defaults_to_the_bundles_repeat_policy(bundle: Path, tmp_path: Path, repeats: str | None,
+                                                                  excluded: bool) -> None:
+    loaded = load_bundle(_with_policy(bundle, tmp_path / "bundle", repeats))
+    assert loaded.exclude_seen is excluded
+    assert loaded.describe()["repeats"] == (repeats or "exclude")  # an old bundle behaves as exclude
+    engine = Engine(loaded, max_batch=8, max_wait_ms=1)
+    await engine.start()
+    try:
+        history = [loaded.external(i) for i in (3, 1, 4)]
+
+        async def top(**override: bool) -> list[str]:
+            body = RecommendRequest(history=history, k=loaded.n_items, **override)
+            return [item["item_id"] for item in (await answer(body, engine, MemoryStore(), Metrics()))["items"]]
+
+        default = await top()
+        assert bool(set(default) & set(history)) is not excluded  # every item is asked for: history ones too
+        assert default == await top(exclude_seen=excluded)
+        assert bool(set(await top(exclude_seen=not excluded)) & set(history)) is excluded  # a request overrides
+    finally:
+        await engine.stop()

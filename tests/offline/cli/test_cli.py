@@ -31,6 +31,18 @@ def test_prepare_then_evaluate_popularity(write, tmp_path, capsys):
     assert main(["evaluate", "--model", "popularity", "--data", str(out), "--ks", "1,2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) >= {"valid", "test"}
+    # Sequences a b c | a b c a | a b c a d: the 4-item users' test target and the 5-item users' validation
+    # target repeat "a", so 2 of 6 targets in each split; `auto` therefore allows repeats.
+    assert result["repeat_targets"] == {"valid": round(2 / 6, 6), "test": round(2 / 6, 6)}
+    assert result["repeats"] == "allow"
+    assert main(["evaluate", "--model", "popularity", "--data", str(out), "--ks", "1,2", "--repeats", "exclude"]) == 0
+    excluded = json.loads(capsys.readouterr().out)
+    assert excluded["repeats"] == "exclude"
+    # Test targets c, c (after a b), a, a (repeats), d, d. Under exclude the history goes, so the fresh targets
+    # rank first and the repeats are misses: 4 of 6. Under allow a, b (and c) stay ahead of the fresh targets
+    # and only the two repeats of "a", the most popular item, are hits: 2 of 6.
+    assert excluded["test"]["HR@2"] == round(4 / 6, 6)
+    assert result["test"]["HR@2"] == round(2 / 6, 6)
     assert set(result["test"]) == {f"{m}@{k}" for m in ("HR", "NDCG", "MRR", "Recall") for k in (1, 2)}
 
 

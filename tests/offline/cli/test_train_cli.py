@@ -168,6 +168,6 @@ def test_eval_users_validates_and_reports_on_a_fixed_user_sample(prepared: Path,
     model = load_artifact(out, with_index=False).model
     sample = evaluation_sample(data.split(), 40, 3)
     max_len = json.loads((out / "config.json").read_text())["model"]["max_len"]
-    expected = dense_metrics(model, sample, data.n_items, max_len)
+    expected = dense_metrics(model, sample, data.n_items, max_len, exclude_seen=manifest.exclude_seen)
     for split in ("valid", "test"):
         assert manifest.metrics[split]["NDCG@10"] == pytest.approx(expected[split]["NDCG@10"], abs=1e-6)

@@ -9,6 +9,7 @@ from offline.data.errors import DataError
 from offline.data.prepare import Filters, prepare
 from offline.data.prepared import load_prepared
 from offline.data.readers.tabular import read_tabular
+from offline.data.split import repeat_shares
 from retriever.errors import SeqrecError
 
 # Rows out of time order, with ties inside users u1 and u2. On a tie the file order
@@ -123,3 +124,15 @@ def test_duplicate_metadata_ids_are_refused(write, tmp_path):
     with pytest.raises(SeqrecError, match="item_id 'a' more than once"):
         prepare(raw, tmp_path / "p")
     assert not (tmp_path / "p").exists()
+
+
+def test_the_manifest_stores_the_share_of_repeat_targets(write, tmp_path):
+    # u1: a b a c a -> valid target c (fresh), test target a (a repeat); u2: x y x y -> both repeats;
+    # u3: p q r s -> neither.
+    log = "user,item,ts\n" + "".join(f"{u},{i},{t}\n" for u, seq in (("u1", "abaca"), ("u2", "xyxy"), ("u3", "pqrs"))
+                                    for t, i in enumerate(seq))
+    manifest = _prepare(write, tmp_path, text=log)
+    assert manifest["repeat_targets"] == {"valid": round(1 / 3, 6), "test": round(2 / 3, 6)}
+    data = load_prepared(tmp_path / "prepared")
+    assert data.repeat_shares == manifest["repeat_targets"]
+    assert repeat_shares(data.split()) == manifest["repeat_targets"]  # what an older folder gets computed

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from offline.data.sequences import Sequences
-from offline.evaluation.evaluate import chunked_target_ranks, target_ranks
+from offline.evaluation.evaluate import chunked_target_ranks, summarize, target_ranks
 
 
 def _case(seed: int, n_users: int = 60, n_items: int = 97, dim: int = 6) -> tuple[Sequences, np.ndarray, torch.Tensor,
@@ -17,7 +17,7 @@ def _case(seed: int, n_users: int = 60, n_items: int = 97, dim: int = 6) -> tupl
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     items = rng.integers(1, n_items + 1, offsets[-1]).astype(np.int64)
     targets = rng.integers(1, n_items + 1, n_users).astype(np.int64)
-    targets[:5] = items[offsets[1:6] - 1]  # a few targets repeat the user's last item: never excluded
+    targets[:5] = items[offsets[1:6] - 1]  # a few targets repeat the user's last item: misses under exclude
     # Quarter-integers: every dot product is exact in float32 whatever the summation order, so both paths see
     # the same scores and ties are real ties (with arbitrary floats two orders may differ in the last bit).
     vectors = torch.from_numpy(rng.integers(-8, 9, (n_items + 1, dim)).astype(np.float32) / 4)
@@ -26,9 +26,10 @@ def _case(seed: int, n_users: int = 60, n_items: int = 97, dim: int = 6) -> tupl
     return Sequences(offsets, items), targets, vectors, users
 
 
+@pytest.mark.parametrize("exclude_seen", [True, False])
 @pytest.mark.parametrize("item_chunk", [1, 7, 40, 98, 1000])
 @pytest.mark.parametrize("batch_size", [1, 16, 1024])
-def test_chunked_ranks_equal_the_full_matrix_ranks(item_chunk: int, batch_size: int) -> None:
+def test_chunked_ranks_equal_the_full_matrix_ranks(item_chunk: int, batch_size: int, exclude_seen: bool) -> None:
     inputs, targets, vectors, users = _case(seed=item_chunk + batch_size)
     # The encoder reads each user's id from a marker: the user's row in the batch is its first history item's
     # position, so map histories back to user rows through a lookup built from the padded matrix.
@@ -46,10 +47,11 @@ def test_chunked_ranks_equal_the_full_matrix_ranks(item_chunk: int, batch_size: 
         return scores
 
     n_items = vectors.shape[0] - 1
-    expected = target_ranks(scorer, inputs, targets, n_items, batch_size=batch_size)
+    expected = target_ranks(scorer, inputs, targets, n_items, batch_size=batch_size, exclude_seen=exclude_seen)
     got = chunked_target_ranks(encode, vectors, inputs, targets, scale=0.5, batch_size=batch_size,
-                               item_chunk=item_chunk)
+                               item_chunk=item_chunk, exclude_seen=exclude_seen)
     np.testing.assert_array_equal(got, expected)
+    assert (expected[:5] == n_items + 1).all() == exclude_seen  # the repeat targets
     # The tie block is in play: some target sits inside the 21 identical items and ranks behind all of them.
     tied = np.isin(targets, np.r_[10:30, 40])
     assert tied.any()
@@ -91,3 +93,33 @@ def test_evaluation_sample_is_fixed_per_seed_and_a_subset_of_the_users() -> None
     assert a.valid_targets.tolist() == [rows[u][-2] for u in chosen]
     assert a.test_targets.tolist() == [rows[u][-1] for u in chosen]
     assert a.train.to_lists() == [rows[u][:-2] for u in chosen]
+
+
+# Three users over 6 items whose scores are the item ids (item 6 best). Histories and targets by hand:
+#   user 0: history [6, 2], target 6 (a repeat of the best item)
+#   user 1: history [5, 1], target 3 (fresh; 6 and 4 score above it)
+#   user 2: history [4],    target 4 (a repeat)
+HAND_INPUTS = Sequences(np.array([0, 2, 4, 5]), np.array([6, 2, 5, 1, 4]))
+HAND_TARGETS = np.array([6, 3, 4])
+
+
+def _by_id(history: torch.Tensor) -> torch.Tensor:
+    return torch.arange(7, dtype=torch.float32).expand(len(history), 7).clone()
+
+
+@pytest.mark.parametrize(("exclude_seen", "expected"), [
+    (True, [7, 3, 7]),  # the history is removed (5 for user 1: 6 and 4 stay ahead); a repeat target is a miss
+    (False, [1, 4, 3]),  # nothing is removed: every item competes, history items included
+])
+def test_the_repeat_policy_decides_what_is_ranked(exclude_seen: bool, expected: list[int]) -> None:
+    ranks = target_ranks(_by_id, HAND_INPUTS, HAND_TARGETS, 6, exclude_seen=exclude_seen)
+    assert ranks.tolist() == expected
+    vectors = torch.arange(7, dtype=torch.float32)[:, None]  # (7, 1): user . item = item id
+
+    def encode(history: torch.Tensor) -> torch.Tensor:
+        return torch.ones(len(history), 1)
+
+    chunked = chunked_target_ranks(encode, vectors, HAND_INPUTS, HAND_TARGETS, item_chunk=3, exclude_seen=exclude_seen)
+    assert chunked.tolist() == expected
+    metrics = summarize(ranks, (1, 5))
+    assert metrics["HR@5"] == pytest.approx(1 / 3 if exclude_seen else 1.0)  # under exclude 2 of 3 are misses

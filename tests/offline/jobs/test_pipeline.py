@@ -64,6 +64,13 @@ def test_pipeline_runs_every_stage_and_publishes_atomically(tmp_path: Path, caps
     assert all(next(iter(stage)) == "seconds" for stage in record["stages"].values())
     assert list(record["stages"]) == list(STAGES[:-1])
     assert record["stages"]["evaluate"]["system"] == "two-stage"
+    # The synthetic data is repeat-heavy: `auto` (the default) resolves to allow, and the records say so.
+    shares = record["stages"]["prepare"]["repeat_targets"]
+    assert shares["valid"] > 0.5
+    assert record["stages"]["evaluate"]["repeat_targets"] == shares
+    assert record["stages"]["train"]["repeats"] == record["stages"]["evaluate"]["repeats"] == "allow"
+    assert bundle.exclude_seen is False  # so the service serves history items by default
+    assert f"repeats: allow ({shares['valid']:.1%} of validation" in out
     assert not (current / "run").exists()  # training checkpoints are not shipped
     assert not list((artifacts / "work").iterdir())  # the run's work folder is gone after publishing
 
