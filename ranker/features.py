@@ -227,15 +227,20 @@ def compute_features(
 
 def _similarity_features(item_vectors: Tensor, history: Tensor, hist_valid: Tensor, hist_len: Tensor,
                          cand_vec: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(B, N) cosine of each candidate with the history: max, mean, last item, mean of the last RECENT."""
-    cos = torch.einsum("bnd,btd->bnt", cand_vec, item_vectors[history])  # (B, N, T)
+    """(B, N) cosine of each candidate with the history: max, mean, last item, mean of the last RECENT.
+
+    Computed in float64 and rounded to float32 at the end: in float32 the sums' rounding depends on the
+    batch's shape (how many users, how much left padding), and one ulp is enough to send a LightGBM tree
+    down another branch, so the same user would be scored differently offline and in a served micro-batch.
+    """
+    cos = torch.einsum("bnd,btd->bnt", cand_vec.double(), item_vectors[history].double())  # (B, N, T)
     cos_masked = cos.masked_fill(~hist_valid[:, None, :], -torch.inf)
     history_max = cos_masked.amax(-1).clamp(min=-1.0)  # all-padding history -> -1
     history_mean = (cos * hist_valid[:, None, :]).sum(-1) / hist_len[:, None]
     last = cos[..., -1] * hist_valid[:, None, -1]
     recent_valid = hist_valid[:, -RECENT:]
     recent = (cos[..., -RECENT:] * recent_valid[:, None, :]).sum(-1) / recent_valid.sum(1).clamp(min=1)[:, None]
-    return history_max, history_mean, last, recent
+    return history_max.float(), history_mean.float(), last.float(), recent.float()
 
 
 def _year_features(tables: TorchTables, history: Tensor, hist_valid: Tensor,
