@@ -2,7 +2,7 @@
 
     python -m offline.bench.depth --artifact BUNDLE --data PREPARED --out docs/results/depth-demo
 
-Each depth runs `offline.jobs.rank.evaluate_bundle` (what `seqrec evaluate --candidates N` prints); the
+Each depth runs `offline.jobs.evaluate.evaluate_bundle` (what `seqrec evaluate --candidates N` prints); the
 ranker stays the one trained at its own depth, so rows past it show what a deeper request would serve,
 measured here but never trained on. The test split plays no part: the default depth is chosen from
 this table. Writes OUT/depth.{json,md}.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from offline.data.prepared import load_prepared
-from offline.jobs.rank import evaluate_bundle
+from offline.jobs.evaluate import evaluate_bundle
 from offline.tables import markdown_table
 
 DEPTHS = (50, 100, 200, 400)

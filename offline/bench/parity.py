@@ -20,7 +20,7 @@ import numpy as np
 
 from offline.bench.processes import start_server
 from offline.data.prepared import PreparedDataset, load_prepared
-from offline.jobs.rank import two_stage_top
+from offline.jobs.evaluate import two_stage_top
 from ranker.train import ndcg_at
 
 log = logging.getLogger(__name__)

@@ -146,7 +146,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     ks = parse_ks(args.ks)
     data = load_prepared(args.data)
     if args.artifact is not None and args.stage != "retriever":
-        from offline.jobs.rank import evaluate_bundle
+        from offline.jobs.evaluate import evaluate_bundle
         from ranker.artifact import FOLDER
 
         if args.stage == "two-stage" or (args.artifact / FOLDER).exists():

@@ -1,6 +1,6 @@
 """The second stage over mined groups: each target's rank and each user's top k, from one scoring pass.
 
-`offline.jobs.rank.evaluate_bundle` summarises the ranks; `seqrec bench parity` compares the top k with
+`offline.jobs.evaluate.evaluate_bundle` summarises the ranks; `seqrec bench parity` compares the top k with
 what the service returns. Both come from the same scores, ordered as the service orders them
 (`service.recommend.recommend_batch`): best score first, ties in retrieval order, empty slots never.
 """

@@ -283,7 +283,7 @@ def _train_ranker(run: Run, config: PipelineConfig, threads: int | None) -> dict
 
 def _evaluate(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
     from offline.data.prepared import load_prepared
-    from offline.jobs.rank import evaluate_bundle
+    from offline.jobs.evaluate import evaluate_bundle
 
     result = evaluate_bundle(run.bundle, load_prepared(run.data))
     keep = {"system": result["stage"], "depth": result["depth"], "repeats": result["repeats"],

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,9 @@ import torch
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.evaluation.evaluate import EVAL_KS, summarize
-from offline.evaluation.two_stage import Reranked, rerank_groups
-from offline.jobs.train import check_catalogue, item_feature_matrix, repeat_record
-from ranker.artifact import Ranker, RankerArtifact, RankerManifest, load_ranker, unit_item_vectors, write_ranker
-from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, TRAINABLE_KINDS, RankerConfig, ranker_default
+from offline.jobs.train import check_catalogue, item_feature_matrix
+from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
+from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, TRAINABLE_KINDS, RankerConfig
 from ranker.features import ItemTables
 from ranker.mining import Encoder, Mined, mine, training_groups
 from ranker.train import (
@@ -35,7 +33,6 @@ from ranker.train import (
     group_ranks,
     make_groups,
     ndcg_at,
-    retriever_ranks,
 )
 from retriever.artifact import RetrieverArtifact, load_artifact
 from retriever.atomic import atomic_write
@@ -219,7 +216,7 @@ def mine_to(folder: Path, artifact: RetrieverArtifact, data: PreparedDataset,
     return mined, save_mined(mined, folder, artifact, config, miner), miner
 
 
-def _prepare(bundle: Path, data: PreparedDataset) -> tuple[RetrieverArtifact, FeatureSource]:
+def bundle_source(bundle: Path, data: PreparedDataset) -> tuple[RetrieverArtifact, FeatureSource]:
     artifact = load_artifact(bundle)
     check_catalogue(artifact, data)
     return artifact, FeatureSource(item_tables(data, data.split()).torch(),
@@ -244,7 +241,7 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     config = config or RankerConfig()
     if config.kind not in TRAINABLE_KINDS:
         raise SeqrecError(f"unknown ranker kind {config.kind!r}; choose one of {', '.join(TRAINABLE_KINDS)}")
-    artifact, source = _prepare(bundle, data)
+    artifact, source = bundle_source(bundle, data)
     mined, miner = _mined_groups(bundle, artifact, data, config, mined_dir)
     groups, train_source = _ranker_inputs(artifact, data, mined, miner, config)
     fitted: dict[str, tuple[Ranker, list[dict[str, Any]], float]] = {}
@@ -326,83 +323,3 @@ def _two_stage_metrics(scorer: Any, source: FeatureSource, groups: dict[str, Gro
         ranks = group_ranks(scorer, source, groups[name], n_items, mask_ids=mask_ids, desc=f"rerank {name}")
         out[name] = summarize(ranks, usable)
     return out
-
-
-def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto", depth: int | None = None,
-                    mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS,
-                    splits: tuple[str, ...] = ("valid", "test")) -> dict[str, Any]:
-    """Metrics of the whole system the bundle holds: retriever top-N -> ranker -> top-K.
-
-    Full-ranking semantics: a target outside the retriever's top N counts as a miss, so
-    the metrics are comparable with `seqrec evaluate` of the retriever alone. N (``depth``)
-    defaults to the ranker's: the depth it was mined, trained and selected at.
-    """
-    system = _system(bundle, data, stage, depth)
-    usable = tuple(k for k in ks if k <= system.depth)
-    groups = _retrieved(system, data, splits)
-    result: dict[str, Any] = {"artifact": str(bundle), "version": system.artifact.manifest.version,
-                              "stage": system.stage, **repeat_record(system.artifact, data), "depth": system.depth,
-                              "ranker_depth": None if system.ranker is None else system.ranker.depth,
-                              f"recall@{system.depth}": {n: round(g.mined.recall(), 6) for n, g in groups.items()}}
-    for name, g in groups.items():
-        result[name] = summarize(_reranked(system, g, data.n_items, k=1, mask_ids=mask_ids).ranks, usable)
-    if system.stage == "two-stage":
-        assert system.ranker is not None
-        result["ranker"] = {"kind": system.ranker.kind, "ids_masked": mask_ids}
-        result["retriever"] = {name: summarize(retriever_ranks(g, data.n_items), usable) for name, g in groups.items()}
-    return result
-
-
-def two_stage_top(bundle: Path, data: PreparedDataset, *, split: str = "test", k: int = 10,
-                  depth: int | None = None) -> tuple[Reranked, np.ndarray]:
-    """Each ``split`` user's top k as `evaluate_bundle` ranks them (its ranks too), and the targets."""
-    system = _system(bundle, data, "auto", depth)
-    groups = _retrieved(system, data, (split,))[split]
-    return _reranked(system, groups, data.n_items, k=k), groups.mined.target
-
-
-@dataclass(frozen=True)
-class _System:
-    artifact: RetrieverArtifact
-    ranker: RankerArtifact | None  # None: the retriever alone ranks
-    source: FeatureSource
-    stage: str
-    depth: int
-
-
-def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) -> _System:
-    artifact, source = _prepare(bundle, data)
-    ranker_artifact = load_ranker(bundle, artifact.manifest)
-    if stage == "auto":
-        stage = "two-stage" if ranker_artifact is not None else "retriever"
-    if stage == "two-stage" and ranker_artifact is None:
-        raise SeqrecError(f"{bundle} holds no ranker; train one with `seqrec train-ranker` or use --stage retriever")
-    depth = depth or (ranker_artifact.depth if ranker_artifact else ranker_default("depth"))
-    if depth < MIN_DEPTH:
-        raise SeqrecError(f"--candidates must be at least {MIN_DEPTH} (the metrics' cut-off), got {depth}")
-    if stage == "two-stage":
-        assert ranker_artifact is not None
-        source = FeatureSource(ranker_artifact.tables.torch(), source.item_vectors)
-        return _System(artifact, ranker_artifact, source, stage, depth)
-    return _System(artifact, None, source, stage, depth)
-
-
-def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) -> dict[str, Groups]:
-    """Each split's retriever top ``depth`` for the history before its target, history excluded (as mined)."""
-    split = data.split()
-    artifact = system.artifact
-    encode, sources = user_encoder(artifact), split_sources(split)
-    plans = {"valid": (split.train, split.valid_targets), "test": (split.inputs("test"), split.test_targets)}
-    groups = {}
-    for name in splits:
-        inputs, target = plans[name]
-        mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:], target,
-                     depth=system.depth, max_len=artifact.max_len, exclude_seen=artifact.manifest.exclude_seen,
-                     desc=f"retrieve {name}")
-        groups[name] = make_groups(mined, sources[name], encode, artifact.max_len)
-    return groups
-
-
-def _reranked(system: _System, groups: Groups, n_items: int, *, k: int, mask_ids: bool = False) -> Reranked:
-    scorer = None if system.ranker is None else system.ranker.ranker.score
-    return rerank_groups(scorer, system.source, groups, n_items, k=k, mask_ids=mask_ids)

@@ -4,7 +4,7 @@
 default request over HTTP against the lists and NDCG@10 `seqrec evaluate` counts (`offline.bench.parity`). The
 score-level tests below check the ranker's scores and retrieval scores on a dozen users whose target is new.
 
-Offline reference of the score-level tests, as `offline.jobs.rank.evaluate_bundle` scores the test split:
+Offline reference of the score-level tests, as `offline.jobs.evaluate.evaluate_bundle` scores the test split:
 `ranker.mining.mine` (index search, history excluded), `ranker.train.make_groups` + `features`, the
 bundle's ranker `score`; top k by score, ties in retrieval order. The service is checked twice against it:
 `service.recommend.recommend_batch` in this process (all users in one batch) and `POST /recommend` over HTTP."""
@@ -24,7 +24,8 @@ import pytest
 from offline.bench.parity import TOLERANCE as NDCG_TOLERANCE
 from offline.bench.parity import compare
 from offline.data.prepared import load_prepared
-from offline.jobs.rank import evaluate_bundle, two_stage_top, user_encoder
+from offline.jobs.evaluate import evaluate_bundle, two_stage_top
+from offline.jobs.rank import user_encoder
 from ranker.artifact import load_ranker, unit_item_vectors
 from ranker.mining import mine
 from ranker.train import FeatureSource, features, group_ranks, make_groups

@@ -1,0 +1,113 @@
+"""`seqrec evaluate` of a bundle: retriever top-N -> ranker -> top-K on the validation and test users,
+with the exclusion, depth and features the service uses (the parity bench compares the two)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offline.data.prepared import PreparedDataset
+from offline.evaluation.evaluate import EVAL_KS, summarize
+from offline.evaluation.two_stage import Reranked, rerank_groups
+from offline.jobs.rank import bundle_source, split_sources, user_encoder
+from offline.jobs.train import repeat_record
+from ranker.artifact import RankerArtifact, load_ranker
+from ranker.config import MIN_DEPTH, ranker_default
+from ranker.mining import mine
+from ranker.train import (
+    FeatureSource,
+    Groups,
+    make_groups,
+    retriever_ranks,
+)
+from retriever.artifact import RetrieverArtifact
+from retriever.errors import SeqrecError
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+META_COLUMNS = ("genres", "attributes")
+
+
+def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto", depth: int | None = None,
+                    mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS,
+                    splits: tuple[str, ...] = ("valid", "test")) -> dict[str, Any]:
+    """Metrics of the whole system the bundle holds: retriever top-N -> ranker -> top-K.
+
+    Full-ranking semantics: a target outside the retriever's top N counts as a miss, so
+    the metrics are comparable with `seqrec evaluate` of the retriever alone. N (``depth``)
+    defaults to the ranker's: the depth it was mined, trained and selected at.
+    """
+    system = _system(bundle, data, stage, depth)
+    usable = tuple(k for k in ks if k <= system.depth)
+    groups = _retrieved(system, data, splits)
+    result: dict[str, Any] = {"artifact": str(bundle), "version": system.artifact.manifest.version,
+                              "stage": system.stage, **repeat_record(system.artifact, data), "depth": system.depth,
+                              "ranker_depth": None if system.ranker is None else system.ranker.depth,
+                              f"recall@{system.depth}": {n: round(g.mined.recall(), 6) for n, g in groups.items()}}
+    for name, g in groups.items():
+        result[name] = summarize(_reranked(system, g, data.n_items, k=1, mask_ids=mask_ids).ranks, usable)
+    if system.stage == "two-stage":
+        assert system.ranker is not None
+        result["ranker"] = {"kind": system.ranker.kind, "ids_masked": mask_ids}
+        result["retriever"] = {name: summarize(retriever_ranks(g, data.n_items), usable) for name, g in groups.items()}
+    return result
+
+
+def two_stage_top(bundle: Path, data: PreparedDataset, *, split: str = "test", k: int = 10,
+                  depth: int | None = None) -> tuple[Reranked, np.ndarray]:
+    """Each ``split`` user's top k as `evaluate_bundle` ranks them (its ranks too), and the targets."""
+    system = _system(bundle, data, "auto", depth)
+    groups = _retrieved(system, data, (split,))[split]
+    return _reranked(system, groups, data.n_items, k=k), groups.mined.target
+
+
+@dataclass(frozen=True)
+class _System:
+    artifact: RetrieverArtifact
+    ranker: RankerArtifact | None  # None: the retriever alone ranks
+    source: FeatureSource
+    stage: str
+    depth: int
+
+
+def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) -> _System:
+    artifact, source = bundle_source(bundle, data)
+    ranker_artifact = load_ranker(bundle, artifact.manifest)
+    if stage == "auto":
+        stage = "two-stage" if ranker_artifact is not None else "retriever"
+    if stage == "two-stage" and ranker_artifact is None:
+        raise SeqrecError(f"{bundle} holds no ranker; train one with `seqrec train-ranker` or use --stage retriever")
+    depth = depth or (ranker_artifact.depth if ranker_artifact else ranker_default("depth"))
+    if depth < MIN_DEPTH:
+        raise SeqrecError(f"--candidates must be at least {MIN_DEPTH} (the metrics' cut-off), got {depth}")
+    if stage == "two-stage":
+        assert ranker_artifact is not None
+        source = FeatureSource(ranker_artifact.tables.torch(), source.item_vectors)
+        return _System(artifact, ranker_artifact, source, stage, depth)
+    return _System(artifact, None, source, stage, depth)
+
+
+def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) -> dict[str, Groups]:
+    """Each split's retriever top ``depth`` for the history before its target, history excluded (as mined)."""
+    split = data.split()
+    artifact = system.artifact
+    encode, sources = user_encoder(artifact), split_sources(split)
+    plans = {"valid": (split.train, split.valid_targets), "test": (split.inputs("test"), split.test_targets)}
+    groups = {}
+    for name in splits:
+        inputs, target = plans[name]
+        mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:], target,
+                     depth=system.depth, max_len=artifact.max_len, exclude_seen=artifact.manifest.exclude_seen,
+                     desc=f"retrieve {name}")
+        groups[name] = make_groups(mined, sources[name], encode, artifact.max_len)
+    return groups
+
+
+def _reranked(system: _System, groups: Groups, n_items: int, *, k: int, mask_ids: bool = False) -> Reranked:
+    scorer = None if system.ranker is None else system.ranker.ranker.score
+    return rerank_groups(scorer, system.source, groups, n_items, k=k, mask_ids=mask_ids)
