@@ -59,6 +59,8 @@ def _whole_number(value: Any) -> Any:
 
 
 Count = Annotated[int, BeforeValidator(_whole_number)]
+# the bounds before the validator, so that the OpenAPI document says minimum/maximum inside the Optional
+Depth = Annotated[int, Field(ge=1, le=2000), BeforeValidator(_whole_number)]
 
 
 class _AnyText(PathConvertor):
@@ -83,7 +85,7 @@ class RecommendRequest(Strict):
     history: list[ItemId] | None = Field(None, max_length=MAX_HISTORY,
                                          description="item ids, oldest first; the last max_len are read")
     k: Count = Field(10, ge=1, le=1000, description="items to return")
-    candidates: Count | None = Field(None, ge=1, le=2000, description=(
+    candidates: Depth | None = Field(None, description=(
         "retrieval depth (at least k is retrieved); default: the depth the bundle's ranker was trained and "
         "evaluated at (`candidates` in GET /readyz; k without a ranker). A deeper request works, but its quality "
         "was never measured"))
