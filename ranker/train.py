@@ -89,10 +89,23 @@ def group_ranks(scorer: Scorer, source: FeatureSource, groups: Groups, n_items: 
                 continue
             mask = torch.ones(groups.mined.candidates[hit].shape, dtype=torch.bool) if mask_ids else None
             scores = scorer(features(source, groups, hit, mask))  # (b, N)
-            pos = torch.from_numpy(label[hit])
-            target = scores[torch.arange(len(hit)), pos]
-            ranks[hit] = ((scores >= target[:, None]).sum(1)).numpy()  # counts the target itself: rank >= 1
+            retrieval = torch.from_numpy(groups.mined.scores[hit]).double()
+            ranks[hit] = served_order_ranks(scores.double(), retrieval, torch.from_numpy(label[hit]))
     return ranks
+
+
+def served_order_ranks(scores: Tensor, retrieval: Tensor, target: Tensor) -> np.ndarray:
+    """(b,) pessimistic rank of each target under the served order: by score, ties by retrieval score.
+
+    The service sorts the ranker's scores with ties kept in retrieval order (a stable sort of candidates that
+    arrive best-retrieved first), so the system's score is the pair (score, retrieval score). A LightGBM ranker
+    gives many candidates the same score; counting those ties against the target alone would measure an order
+    that nobody serves. Only candidates equal on both count as ties, pessimistically (the target itself
+    included: rank >= 1).
+    """
+    rows = torch.arange(len(target))
+    s, r = scores[rows, target][:, None], retrieval[rows, target][:, None]
+    return ((scores > s) | ((scores == s) & (retrieval >= r))).sum(1).numpy()
 
 
 def retriever_ranks(groups: Groups, n_items: int) -> np.ndarray:

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
 from tqdm import tqdm
 
-from ranker.train import FeatureSource, Groups, Scorer, features
+from ranker.train import FeatureSource, Groups, Scorer, features, served_order_ranks
 
 
 @dataclass(frozen=True)
@@ -45,23 +44,10 @@ def rerank_groups(scorer: Scorer | None, source: FeatureSource, groups: Groups, 
                 scores = scorer(features(source, groups, rows, mask)).double()
             scores = scores.masked_fill(empty, -torch.inf)
             hit = label[rows] >= 0
-            ranks[rows[hit]] = _composite_ranks(scores, torch.from_numpy(mined.scores[rows]).double(),
+            ranks[rows[hit]] = served_order_ranks(scores, torch.from_numpy(mined.scores[rows]).double(),
                                                 torch.from_numpy(np.maximum(label[rows], 0)))[hit]
             top[rows] = _best(scores.numpy(), mined.candidates[rows], k)
     return Reranked(ranks, top)
-
-
-def _composite_ranks(scores: Tensor, retrieval: Tensor, target: Tensor) -> np.ndarray:
-    """(b,) pessimistic rank of each target under the served order: by score, ties by retrieval score.
-
-    The service sorts the ranker's scores with ties kept in retrieval order (a stable sort of candidates that
-    arrive best-retrieved first), so the system's score is the pair (score, retrieval score). A LightGBM ranker
-    gives many candidates the same score; counting those ties against the target alone would measure an order
-    that nobody serves. Only candidates equal on both count as ties, pessimistically.
-    """
-    rows = torch.arange(len(target))
-    s, r = scores[rows, target][:, None], retrieval[rows, target][:, None]
-    return ((scores > s) | ((scores == s) & (retrieval >= r))).sum(1).numpy()
 
 
 def _best(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:

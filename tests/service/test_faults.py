@@ -47,7 +47,7 @@ def test_open_loop_runs_until_the_action_and_its_tail(api: Server) -> None:
 
     run = open_loop(api.url, lambda i: Call("history", "POST", "/recommend", body), 40, action=action, tail_s=0.5)
     assert run.result == "done"
-    assert 0.45 < run.marks["halfway"] - run.start < 0.7
+    assert 0.4 < run.marks["halfway"] - run.start < 0.7  # a 0.5 s sleep, loosely: the clock is read around it
     last_due = run.answers[-1].due - run.start
     assert 0.85 < last_due < 1.2
     assert len(run.answers) > 10
