@@ -29,19 +29,12 @@ from ranker.train import (
 )
 from retriever.artifact import ArtifactError, load_artifact
 from retriever.errors import SeqrecError
-
-TINY = [
-    "--model.d_model", "16", "--model.n_layers", "1", "--model.n_heads", "2", "--model.max_len", "10",
-    "--train.epochs", "3", "--train.batch_size", "64", "--threads", "1", "--seed", "3",
-]
+from tests.tiny import TINY, prepare_tiny
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "synthetic"
-    assert main(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
-                 "--seed", "1", "--out", str(out), "-q"]) == 0
-    return out
+    return prepare_tiny(tmp_path_factory.mktemp("data") / "synthetic")
 
 
 @pytest.fixture(scope="module")

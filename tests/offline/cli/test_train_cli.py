@@ -10,19 +10,12 @@ import torch
 from offline.cli import main
 from offline.data.prepared import load_prepared
 from retriever.artifact import read_manifest
-
-TINY = [
-    "--model.d_model", "16", "--model.n_layers", "1", "--model.n_heads", "2", "--model.max_len", "10",
-    "--train.epochs", "3", "--train.batch_size", "64", "--threads", "1", "--seed", "3",
-]
+from tests.tiny import TINY, prepare_tiny
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "synthetic"
-    assert main(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
-                 "--seed", "1", "--out", str(out)]) == 0
-    return out
+    return prepare_tiny(tmp_path_factory.mktemp("data") / "synthetic")
 
 
 @pytest.fixture(scope="module")
