@@ -21,6 +21,9 @@ MINING: tuple[str, ...] = ("holdout", "direct")
 MIN_DEPTH = 10  # the metrics' largest cut-off: fewer candidates could not fill a top-10
 MAX_DEPTH = 2000  # a pipeline config's ceiling
 HOLDOUT_PER_USER = 2  # the holdout retriever never saw each user's last two training items
+# Share of users whose second-to-last training item early-stops the holdout retriever; those items
+# are then no ranker training target (offline/jobs/holdout.py).
+HOLDOUT_STOP_SHARE = 0.2
 
 
 class RankerConfig(BaseModel):

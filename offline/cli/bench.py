@@ -78,8 +78,9 @@ def add_bench_parser(sub: SubParsers, common: argparse.ArgumentParser) -> None:
     _add_set(p, "config override for every model (repeatable), e.g. --set train.patience=5")
     _add_shorthands(p)
     p.set_defaults(handler=_run_bench)
-    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve,index,merge,scale,parity}", required=False)
-    for add in (_add_merge, _add_latency, _add_serve, _add_index, _add_scale, _add_parity):
+    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve,index,merge,scale,parity,two-stage}",
+                             required=False)
+    for add in (_add_merge, _add_latency, _add_serve, _add_index, _add_scale, _add_parity, _add_two_stage):
         add(tools, common)
 
 
@@ -232,6 +233,28 @@ def _add_parity(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     par.set_defaults(handler=_run_parity)
 
 
+def _add_two_stage(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    two = tools.add_parser(
+        "two-stage", parents=[common], help="the ranker tables: retriever alone, + MLP, + LightGBM, IDs masked",
+        description="For each trained retriever (one per seed), train the MLP and the LightGBM ranker on shared "
+        "holdout-mined groups (the `seqrec train-ranker` defaults) and write OUT/results.{json,md}: retriever "
+        "alone, + MLP, + LightGBM and the MLP with every item ID masked (test HR@10 and NDCG@10, valid NDCG@10) "
+        "and the retriever's recall at the depth, mean ± std over the seeds finished under OUT/runs, with the "
+        "repeat policy and candidate depth. A rerun reuses finished work.",
+    )
+    two.add_argument("--artifact", type=Path, action="append", default=[],
+                     help="a trained retriever or bundle (repeatable: one per seed; its ranker is ignored)")
+    two.add_argument("--data", type=Path, required=True, help="prepared folder the retrievers were trained on")
+    two.add_argument("--out", type=Path, required=True, help="folder for results.{json,md} and runs/")
+    two.add_argument("--depth", type=int, default=100, help="candidates mined, re-ranked and evaluated (N)")
+    two.add_argument("--holdout-only", action="store_true",
+                     help="only train the holdout retrievers of --config for --seeds (reused by a later run)")
+    two.add_argument("--config", type=Path, default=None, help="with --holdout-only: the retrievers' YAML config")
+    two.add_argument("--seeds", default=None, help="with --holdout-only: comma-separated seeds")
+    two.add_argument("--threads", type=int, default=None, help="CPU threads (and train.threads)")
+    two.set_defaults(handler=_run_two_stage)
+
+
 # --------------------------------------------------------------------------- handlers (imports load here)
 
 
@@ -252,3 +275,4 @@ _run_serve = _deferred("offline.bench.serve", "run_serve_bench")
 _run_index = _deferred("offline.bench.index", "run_index_bench")
 _run_scale = _deferred("offline.bench.scale", "run_scale")
 _run_parity = _deferred("offline.bench.parity", "run_parity")
+_run_two_stage = _deferred("offline.bench.two_stage", "run_two_stage")

@@ -19,6 +19,7 @@ import torch
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.evaluation.evaluate import EVAL_KS, summarize
+from offline.jobs.holdout import HOLDOUT, early_stop_positions, train_holdout_retriever, without_early_stop_targets
 from offline.jobs.train import check_catalogue, item_feature_matrix
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
 from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, TRAINABLE_KINDS, RankerConfig
@@ -78,63 +79,10 @@ def split_sources(split: LeaveOneOut) -> dict[str, np.ndarray]:
     return {"train": split.train.items, "valid": split.train.items, "test": split.inputs("test").items}
 
 
-HOLDOUT = "holdout-retriever"
-
-
-def train_holdout_retriever(artifact: RetrieverArtifact, data: PreparedDataset, out: Path) -> RetrieverArtifact:
-    """The bundle's retriever config trained without each user's last two training items.
-
-    The retriever of the bundle has trained on every training position, so on those
-    positions it is far more confident than on the unseen validation and test targets
-    (Beauty: recall@100 0.73 on its own training targets against 0.29 on validation). A
-    ranker mined from it learns to trust the retrieval score too much. This sibling model
-    never sees the last two training items of a user: it early-stops on the second-to-last
-    and both become ranker training targets whose candidates look like those served.
-    Only training positions are involved. Resumes when ``out`` holds an unfinished run.
-    """
-    from offline.jobs.train import train_retriever
-
-    if (out / "manifest.json").exists():
-        holdout = load_artifact(out)
-        same_policy = holdout.manifest.repeats == artifact.manifest.repeats
-        if _without_policy(holdout) != _without_policy(artifact) or not same_policy:
-            raise SeqrecError(f"{out} holds a holdout retriever with another config than {artifact.path}")
-        return holdout
-    inner = holdout_data(data)
-    log.info("training the holdout retriever for mining on %d users -> %s", inner.n_users, out)
-    # The bundle's resolved policy, not "auto" again: the holdout data's own repeat share may differ.
-    config = artifact.config.model_copy(update={"train": artifact.config.train.model_copy(
-        update={"repeats": artifact.manifest.repeats})})
-    train_retriever(config, inner, out, resume=(out / "run" / "last.pt").exists())
-    return load_artifact(out)
-
-
-def _without_policy(artifact: RetrieverArtifact) -> dict[str, Any]:
-    """The run config less the repeat request (the holdout runs the bundle's resolved policy)."""
-    raw = artifact.config.model_dump()
-    raw["train"].pop("repeats", None)
-    return raw
-
-
-def holdout_data(data: PreparedDataset) -> PreparedDataset:
-    """The training sequences as a dataset of their own: its split trains on all but each user's
-    last two training items, validates on the second-to-last, tests on the last."""
-    from dataclasses import replace
-
-    from offline.data.sequences import Sequences
-    from offline.data.split import MIN_LENGTH
-
-    train = data.split().train
-    keep = np.flatnonzero(train.lengths >= MIN_LENGTH)
-    if len(keep) == 0:
-        raise SeqrecError(f"no user of {data.path} has {MIN_LENGTH} or more training items for holdout mining")
-    rows = Sequences.from_lists([train.row(int(u)).tolist() for u in keep])
-    return replace(data, sequences=rows, user_ids=data.user_ids[keep])
-
-
 def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: RankerConfig | None = None, *,
                 batch_size: int = 512, holdout: RetrieverArtifact | None = None) -> dict[str, Mined]:
-    """Groups for train (from ``holdout`` when given: each user's last two training targets), valid, test."""
+    """Groups for train (from ``holdout`` when given: each user's last two training targets, less those
+    the holdout retriever early-stopped on), valid, test."""
     config = config or RankerConfig()
     depth = config.depth
     if artifact.index is None:
@@ -143,6 +91,9 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: Rank
         raise SeqrecError(f"--depth must be at least {MIN_DEPTH} (the metrics' cut-off), got {depth}")
     split = data.split()
     train_start, train_target_pos = training_groups(split.train.offsets, _per_user(config, holdout))
+    if holdout is not None:
+        train_start, train_target_pos = without_early_stop_targets(train_start, train_target_pos,
+                                                                   early_stop_positions(data, holdout))
     test_inputs = split.inputs("test")
     plans = {
         "train": (split.train.items, train_start, train_target_pos, split.train.items[train_target_pos]),
@@ -172,6 +123,7 @@ def mining_record(mined: dict[str, Mined], config: RankerConfig, holdout: Retrie
     return {"depth": depth, "per_user": _per_user(config, holdout), "repeats": repeats,
             "train_mined_by": "holdout" if holdout is not None else "retriever",
             "holdout_version": None if holdout is None else holdout.manifest.version,
+            "holdout_early_stop_users": None if holdout is None else holdout.config.train.eval_users,
             "groups": {n: len(g) for n, g in mined.items()},
             f"recall@{depth}": {n: round(g.recall(), 6) for n, g in mined.items()}}
 
@@ -211,7 +163,9 @@ def load_mined(folder: Path, artifact: RetrieverArtifact) -> tuple[dict[str, Min
 def mine_to(folder: Path, artifact: RetrieverArtifact, data: PreparedDataset,
             config: RankerConfig) -> tuple[dict[str, Mined], dict[str, Any], RetrieverArtifact | None]:
     """Mine into ``folder`` (training the holdout retriever under it first, when the config asks)."""
-    miner = train_holdout_retriever(artifact, data, folder / HOLDOUT) if config.holdout else None
+    miner = None
+    if config.holdout:
+        miner = train_holdout_retriever(artifact.config, artifact.manifest.repeats, data, folder / HOLDOUT)
     mined = mine_splits(artifact, data, config, holdout=miner)
     return mined, save_mined(mined, folder, artifact, config, miner), miner
 
@@ -279,6 +233,13 @@ def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDatas
         if config.holdout != (miner is not None):
             raise SeqrecError(f"{mined_dir} was mined {'with' if miner else 'without'} the holdout retriever; "
                               f"choose another --mined folder or --mining {'holdout' if miner else 'direct'}")
+        if miner is not None:  # folders mined before the early-stopping rule still hold those targets
+            train = mined["train"]
+            kept, _ = without_early_stop_targets(np.arange(len(train)), train.end, early_stop_positions(data, miner))
+            if len(kept) < len(train):
+                log.warning("%s: left out %d training groups whose target early-stopped the holdout retriever",
+                            mined_dir, len(train) - len(kept))
+                mined = {**mined, "train": train.subset(kept)}
         return mined, miner
     if mined_dir is not None:
         mined, _, miner = mine_to(mined_dir, artifact, data, config)

@@ -70,12 +70,18 @@ def dense_metrics(model: Retriever, split: LeaveOneOut, n_items: int, max_len: i
                             batch_size=batch_size, max_len=max_len, exclude_seen=exclude_seen)
 
 
+def evaluation_rows(n_users: int, users: int | None, seed: int) -> np.ndarray:
+    """The sorted rows that ``train.eval_users`` = ``users`` draws out of ``n_users`` (all when None or more)."""
+    if users is None or users >= n_users:
+        return np.arange(n_users)
+    return np.sort(np.random.default_rng(seed).choice(n_users, size=users, replace=False))
+
+
 def evaluation_sample(split: LeaveOneOut, users: int | None, seed: int) -> LeaveOneOut:
     """``split`` itself, or a fixed random sample of ``users`` of its users (``train.eval_users``)."""
     if users is None or users >= len(split.full):
         return split
-    rows = np.sort(np.random.default_rng(seed).choice(len(split.full), size=users, replace=False))
-    return split.take(rows)
+    return split.take(evaluation_rows(len(split.full), users, seed))
 
 
 def index_metrics(artifact: RetrieverArtifact, split: LeaveOneOut, splits: tuple[Split, ...] = ("valid", "test"),

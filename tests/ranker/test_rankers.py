@@ -213,7 +213,7 @@ def test_cli_errors_are_one_line(bundle: Path, prepared: Path, tmp_path: Path, c
 
 
 def test_holdout_retriever_never_trains_on_the_ranker_training_targets(prepared: Path) -> None:
-    from offline.jobs.rank import holdout_data
+    from offline.jobs.holdout import holdout_data
     from ranker.mining import training_groups
 
     data = load_prepared(prepared)
@@ -226,6 +226,49 @@ def test_holdout_retriever_never_trains_on_the_ranker_training_targets(prepared:
         assert inner.train.row(u).tolist() == row[:-2]  # what the holdout retriever learns from
         assert [int(train.items[p]) for p in pos[users == u]] == [row[-1], row[-2]][: len(pos[users == u])]
     assert inner.valid_targets.tolist() == [train.row(u)[-2] for u in range(len(train))]
+
+
+def test_no_ranker_training_target_drives_the_holdout_retrievers_early_stopping(
+        bundle: Path, prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every validation example of the holdout retriever while it trains is recorded (a spy on the
+    validation function itself) and must not come back as a mined training group. An example is
+    named by the user's whole training sequence and its target's place in it; users with the same
+    sequence are told apart by counting: per name, validated + mined <= users with that sequence."""
+    from collections import Counter
+
+    import offline.jobs.train as train_job
+    from offline.jobs.rank import mine_to
+
+    data = load_prepared(prepared)
+    train = data.split().train
+    rows = [tuple(train.row(u).tolist()) for u in range(len(train))]
+    validated: Counter[tuple[tuple[int, ...], int]] = Counter()
+    real = train_job.dense_metrics
+
+    def spy(model, split, n_items, max_len, splits=("valid", "test"), *args, **kwargs):  # type: ignore[no-untyped-def]
+        if splits == ("valid",):  # the early-stopping call, once per validated epoch: keep the last
+            validated.clear()
+            validated.update((tuple(split.full.row(u).tolist()), len(split.inputs("valid").row(u)))
+                             for u in range(len(split.full)))
+        return real(model, split, n_items, max_len, splits, *args, **kwargs)
+
+    monkeypatch.setattr(train_job, "dense_metrics", spy)
+    mined, info, holdout = mine_to(tmp_path / "mined", load_artifact(bundle), data,
+                                   RankerConfig(depth=20, mining="holdout"))
+    assert holdout is not None
+    assert validated
+    user = np.searchsorted(train.offsets, mined["train"].end, side="right") - 1
+    assert np.array_equal(train.items[mined["train"].end], mined["train"].target)
+    groups = Counter((rows[u], int(e - train.offsets[u])) for u, e in zip(user, mined["train"].end, strict=True))
+    users_with = Counter(rows)
+    assert all(groups[name] + n <= users_with[name[0]] for name, n in validated.items())
+    # Not vacuous: every user's last training target is a group, and so is the second-to-last of
+    # every user the holdout retriever did not early-stop on.
+    stopped = sum(validated.values())
+    assert 0 < stopped < len(train)
+    assert info["holdout_early_stop_users"] == stopped
+    assert len(mined["train"]) == 2 * len(train) - stopped
+    assert all(groups[(r, len(r) - 1)] == n for r, n in users_with.items())
 
 
 def test_cli_holdout_mining_and_auto_selection(bundle: Path, prepared: Path, tmp_path: Path,

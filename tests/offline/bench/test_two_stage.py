@@ -1,0 +1,77 @@
+"""`seqrec bench two-stage`: the ranker table's rows are the bundles' own figures, over seeds."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from offline.bench.two_stage import results_table, summarize_seeds
+from offline.cli import main
+from tests.tiny import prepare_tiny
+
+TINY_YAML = """\
+model: {backbone: transformer, d_model: 16, n_layers: 1, n_heads: 2, max_len: 10}
+train: {epochs: 3, batch_size: 64, threads: 1}
+"""
+
+
+def _record(seed: int, value: float) -> dict:
+    metrics = {"HR@10": 2 * value, "NDCG@10": value}
+    rows = {name: {"valid": metrics, "test": metrics} for name in ("retriever", "mlp", "lgbm", "mlp_ids_masked")}
+    rows["retriever"] = {"valid": {"HR@10": 0.2, "NDCG@10": 0.1}, "test": {"HR@10": 0.2, "NDCG@10": 0.1}}
+    rows["recall@100"] = {s: {"recall@100": 0.5} for s in ("valid", "test")}
+    return {"seed": seed, "depth": 100, "repeats": "exclude", "repeat_targets": {"valid": 0.0, "test": 0.0},
+            "auto_choice": "mlp", "rows": rows}
+
+
+def test_mean_and_sample_std_over_seeds_written_out_by_hand() -> None:
+    summary = summarize_seeds([_record(42, 0.1), _record(123, 0.3)])
+    # 0.1 and 0.3: mean 0.2, sample std sqrt((0.1² + 0.1²) / 1) = 0.141421...
+    assert summary["rows"]["mlp"]["test"]["NDCG@10"] == pytest.approx({"mean": 0.2, "std": 0.02 ** 0.5})
+    table = results_table(summary)
+    assert "| retriever + MLP ranker | 0.4000 ± 0.2828 | 0.2000 ± 0.1414 | 0.2000 ± 0.1414 | 2.00x |" in table
+    assert "| retriever recall@100 (the two-stage ceiling) | 0.5000 ± 0.0000 |  | 0.5000 ± 0.0000 (valid) |  |" in table
+    with pytest.raises(Exception, match="depth"):
+        summarize_seeds([_record(42, 0.1), {**_record(123, 0.3), "depth": 50}])
+
+
+@pytest.mark.slow
+def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_figures(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = prepare_tiny(tmp_path / "data")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_YAML)
+    bundle, out = tmp_path / "bundle", tmp_path / "out"
+    assert main(["train", "--config", str(config), "--data", str(data), "--out", str(bundle), "--seed", "3",
+                 "--threads", "1", "-q"]) == 0
+    # The holdout retriever trains from the YAML alone (beside the retriever) and is reused below.
+    assert main(["bench", "two-stage", "--holdout-only", "--config", str(config), "--seeds", "3", "--data", str(data),
+                 "--out", str(out), "--threads", "1", "-q"]) == 0
+    holdout = out / "runs" / "seed3" / "mining" / "holdout-retriever" / "manifest.json"
+    version = json.loads(holdout.read_text())["version"]
+    args = ["bench", "two-stage", "--artifact", str(bundle), "--data", str(data), "--out", str(out), "--depth", "20",
+            "--threads", "1", "-q"]
+    assert main(args) == 0
+    assert json.loads(holdout.read_text())["version"] == version
+    result = json.loads((out / "results.json").read_text())
+    # The tiny synthetic data is repeat-heavy, so the bundle's "auto" policy resolved to allow.
+    assert (result["seeds"], result["depth"], result["repeats"]) == ([3], 20, "allow")
+    record = result["per_seed"][0]
+    retriever = json.loads((bundle / "manifest.json").read_text())
+    assert record["rows"]["retriever"]["test"] == retriever["metrics"]["test"]
+    for kind in ("mlp", "lgbm"):
+        ranker = json.loads((out / "runs" / "seed3" / kind / "ranker" / "manifest.json").read_text())
+        assert ranker["kind"] == kind
+        assert record["rows"][kind]["test"] == ranker["metrics"]["test"]
+    mlp = json.loads((out / "runs" / "seed3" / "mlp" / "ranker" / "manifest.json").read_text())
+    assert record["rows"]["mlp_ids_masked"] == mlp["metrics"]["ids_masked"]
+    valid = {k: record["rows"][k]["valid"]["NDCG@10"] for k in ("mlp", "lgbm")}
+    assert record["auto_choice"] == max(valid, key=valid.__getitem__)
+    text = (out / "results.md").read_text()
+    assert f"Repeat policy `{result['repeats']}`" in text
+    assert "Candidate depth 20" in text
+    assert "seqrec bench two-stage --artifact" in text
+    # A rerun trains nothing and writes the same figures.
+    capsys.readouterr()
+    assert main(args) == 0
+    assert json.loads((out / "results.json").read_text())["rows"] == result["rows"]
