@@ -34,6 +34,7 @@ from ranker.config import HOLDOUT_STOP_SHARE, RankerConfig
 from retriever.artifact import load_artifact
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
+from retriever.repeats import LEGACY_REPEATS
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ def seed_record(retriever: dict[str, Any], rankers: dict[str, dict[str, Any]], d
             "mlp_ids_masked": mlp["metrics"]["ids_masked"],
             f"recall@{depth}": {s: {f"recall@{depth}": recall[s]} for s in ("valid", "test")}}
     auto = max(KINDS, key=lambda k: rows[k]["valid"]["NDCG@10"])
-    return {"depth": depth, "repeats": retriever["repeats"], "repeat_targets": retriever.get("repeat_targets"),
+    return {"depth": depth, "repeats": retriever.get("repeats", LEGACY_REPEATS),
+            "repeat_targets": retriever.get("repeat_targets"),
             "mining": mining, "auto_choice": auto, "rows": rows}
 
 
