@@ -1,17 +1,17 @@
 """`seqrec bench two-stage`: the ranker tables (retriever alone, + MLP, + LightGBM, MLP with IDs masked).
 
     seqrec bench two-stage --artifact runs/ml-100k/seed42 --artifact runs/ml-100k/seed123 \
-        --data data/ml-100k --out docs/results/two-stage/ml-100k
+        --data data/ml-100k --out docs/results/two-stage/ml-100k --work runs/two-stage-ml-100k
 
 Each ``--artifact`` is a trained retriever (a `seqrec train`, `seqrec bench` or pipeline bundle;
-any ranker in it is ignored). Per retriever, under OUT/runs/seed<seed>/: ``retriever/`` is a copy
-of it, ``mining/`` the holdout-mined groups (its holdout retriever trained once and shared), and
-``mlp/`` and ``lgbm/`` two copies that each get one ranker (`offline.jobs.rank.train_ranker`, the
-defaults of `seqrec train-ranker`). Every figure is the bundles' own evaluation: the retriever's
-full-ranking metrics, the two-stage metrics in the served order at the mining depth, the MLP's with
-every item ID masked, and the retriever's recall at that depth. The row `--kind auto` would ship is
-the ranker with the higher validation NDCG@10. A rerun reuses what is finished; OUT/results.{json,md}
-cover every finished seed under OUT/runs.
+any ranker in it is ignored). Per retriever, under WORK/seed<seed>/ (``--work``, default OUT/runs):
+``retriever/`` is a copy of it, ``mining/`` the holdout-mined groups (its holdout retriever trained
+once and shared), and ``mlp/`` and ``lgbm/`` two copies that each get one ranker
+(`offline.jobs.rank.train_ranker`, the defaults of `seqrec train-ranker`). Every figure is the
+bundles' own evaluation: the retriever's full-ranking metrics, the two-stage metrics in the served
+order at the mining depth, the MLP's with every item ID masked, and the retriever's recall at that
+depth. The row `--kind auto` would ship is the ranker with the higher validation NDCG@10. A rerun
+reuses what is finished; OUT/results.{json,md} cover every finished seed under WORK.
 
 ``--holdout-only --config C --seeds S,...`` trains only the holdout retrievers (from the YAML config,
 as the bench of retrievers resolves it), so they can train while the retrievers themselves do; a
@@ -44,17 +44,17 @@ ROWS = (("retriever", "retriever alone"), ("mlp", "retriever + MLP ranker"), ("l
 METRICS = (("test", "HR@10"), ("test", "NDCG@10"), ("valid", "NDCG@10"))
 
 
-def run_seed(artifact_path: Path, data: PreparedDataset, out: Path, config: RankerConfig) -> dict[str, Any]:
-    """Train both rankers on one retriever (reusing what OUT already holds); its record."""
+def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: RankerConfig) -> dict[str, Any]:
+    """Train both rankers on one retriever (reusing what WORK already holds); its record."""
     artifact = load_artifact(artifact_path, with_index=False)
     seed = artifact.config.train.seed
-    folder = out / "runs" / f"seed{seed}"
+    folder = work / f"seed{seed}"
     record_path = folder / "record.json"
     if record_path.exists():
         record: dict[str, Any] = json.loads(record_path.read_text())
         if record["retriever_version"] == artifact.manifest.version and record["depth"] == config.depth:
             return record
-        raise SeqrecError(f"{folder} holds seed {seed} of another retriever or depth; choose another --out")
+        raise SeqrecError(f"{folder} holds seed {seed} of another retriever or depth; choose another --work")
     from offline.jobs.rank import train_ranker
 
     retriever = folder / "retriever"
@@ -154,12 +154,12 @@ def write_results(out: Path, records: list[dict[str, Any]], command: str) -> dic
     return result
 
 
-def finished_records(out: Path) -> list[dict[str, Any]]:
-    paths = sorted((out / "runs").glob("seed*/record.json"), key=lambda p: int(p.parent.name[4:]))
+def finished_records(work: Path) -> list[dict[str, Any]]:
+    paths = sorted(work.glob("seed*/record.json"), key=lambda p: int(p.parent.name[4:]))
     return [json.loads(p.read_text()) for p in paths]
 
 
-def train_holdouts(config_path: Path, seeds: list[int], data: PreparedDataset, out: Path,
+def train_holdouts(config_path: Path, seeds: list[int], data: PreparedDataset, work: Path,
                    overrides: list[str]) -> None:
     """The holdout retrievers alone, from the YAML config (see the module docstring)."""
     from offline.jobs.holdout import HOLDOUT, train_holdout_retriever
@@ -169,12 +169,12 @@ def train_holdouts(config_path: Path, seeds: list[int], data: PreparedDataset, o
     for seed in seeds:
         config = load_config(config_path, [*overrides, f"train.seed={seed}"])
         repeats = resolve_repeats(config.train.repeats, data.repeat_shares["valid"])
-        train_holdout_retriever(config, repeats, data, out / "runs" / f"seed{seed}" / "mining" / HOLDOUT)
+        train_holdout_retriever(config, repeats, data, work / f"seed{seed}" / "mining" / HOLDOUT)
 
 
 def command_line(args: argparse.Namespace) -> str:
     parts = ["seqrec bench two-stage", *(f"--artifact {a}" for a in args.artifact), f"--data {args.data}",
-             f"--out {args.out}", f"--depth {args.depth}"]
+             f"--out {args.out}", f"--work {args.work}", f"--depth {args.depth}"]
     return " ".join(parts + ([f"--threads {args.threads}"] if args.threads else []))
 
 
@@ -183,17 +183,18 @@ def run_two_stage(args: argparse.Namespace) -> int:
 
     set_threads(args.threads)
     data = load_prepared(args.data)
+    args.work = args.work or args.out / "runs"
     if args.holdout_only:
         if args.config is None or not args.seeds:
             raise SeqrecError("--holdout-only needs --config and --seeds")
         overrides = [f"train.threads={args.threads}"] if args.threads else []
-        train_holdouts(args.config, [int(s) for s in args.seeds.split(",")], data, args.out, overrides)
+        train_holdouts(args.config, [int(s) for s in args.seeds.split(",")], data, args.work, overrides)
         return 0
     if not args.artifact:
         raise SeqrecError("give one --artifact per seed (trained retrievers), or --holdout-only")
     config = RankerConfig(depth=args.depth)
     for path in args.artifact:
-        run_seed(path, data, args.out, config)
-    result = write_results(args.out, finished_records(args.out), command_line(args))
+        run_seed(path, data, args.work, config)
+    result = write_results(args.out, finished_records(args.work), command_line(args))
     print(results_table(result))
     return 0

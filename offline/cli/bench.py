@@ -240,12 +240,14 @@ def _add_two_stage(tools: SubParsers, common: argparse.ArgumentParser) -> None:
         "holdout-mined groups (the `seqrec train-ranker` defaults) and write OUT/results.{json,md}: retriever "
         "alone, + MLP, + LightGBM and the MLP with every item ID masked (test HR@10 and NDCG@10, valid NDCG@10) "
         "and the retriever's recall at the depth, mean ± std over the seeds finished under OUT/runs, with the "
-        "repeat policy and candidate depth. A rerun reuses finished work.",
+        "repeat policy and candidate depth. A rerun reuses finished work (--work).",
     )
     two.add_argument("--artifact", type=Path, action="append", default=[],
                      help="a trained retriever or bundle (repeatable: one per seed; its ranker is ignored)")
     two.add_argument("--data", type=Path, required=True, help="prepared folder the retrievers were trained on")
-    two.add_argument("--out", type=Path, required=True, help="folder for results.{json,md} and runs/")
+    two.add_argument("--out", type=Path, required=True, help="folder for results.{json,md}")
+    two.add_argument("--work", type=Path, default=None,
+                     help="folder for the bundles, mined groups and per-seed records (default OUT/runs)")
     two.add_argument("--depth", type=int, default=100, help="candidates mined, re-ranked and evaluated (N)")
     two.add_argument("--holdout-only", action="store_true",
                      help="only train the holdout retrievers of --config for --seeds (reused by a later run)")
