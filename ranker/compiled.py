@@ -95,9 +95,13 @@ def smoke_batches(mlp: MLPRanker) -> list[FeatureBatch]:
     generator = torch.Generator().manual_seed(0)
     batches = []
     for b, n, m in ((1, 1, 1), (4, 20, 3)):
-        dense = torch.randn(b, n, len(DENSE_FEATURES), generator=generator)
+        # features at the scale training saw them; unknown items only if training had some (else its
+        # standardised flag is ~1e6 and the scores' float32 rounding alone exceeds the tolerance)
+        noise = torch.randn(b, n, len(DENSE_FEATURES), generator=generator)
+        dense = (mlp.dense_mean + mlp.dense_std * noise).detach()
         unknown = DENSE_FEATURES.index("is_unknown")
-        dense[..., unknown] = (torch.rand(b, n, generator=generator) < 0.2).float()
+        seen = float(mlp.dense_std[unknown]) > 1e-3
+        dense[..., unknown] = ((torch.rand(b, n, generator=generator) < 0.2) & seen).float()
         candidates = torch.randint(1, config.n_items + 1, (b, n), generator=generator)
         candidates[:, n // 2 + 1:] *= torch.rand(b, n - n // 2 - 1, generator=generator) < 0.5  # empty slots
         meta = torch.randint(0, config.n_meta + 1, (b, n, m), generator=generator)
