@@ -88,13 +88,14 @@ def load_mlp(folder: Path, mlp: MLPRanker, *, threads: int = 1) -> CompiledMLP:
     return compiled
 
 
-def smoke_batches(mlp: MLPRanker) -> list[FeatureBatch]:
-    """Random feature batches of 1 and 4 requests with 1 and 20 candidate slots (some empty or unknown) and
-    1 and 3 metadata values per item."""
+def smoke_batches(mlp: MLPRanker, shapes: tuple[tuple[int, int, int], ...] = ((1, 1, 1), (4, 20, 3)),
+                  seed: int = 0) -> list[FeatureBatch]:
+    """Random feature batches of (requests, candidate slots, metadata values per item) ``shapes``: by default
+    1 and 4 requests with 1 and 20 slots (some empty or unknown) and 1 and 3 values."""
     config = mlp.config
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     batches = []
-    for b, n, m in ((1, 1, 1), (4, 20, 3)):
+    for b, n, m in shapes:
         # features at the scale training saw them; unknown items only if training had some (else its
         # standardised flag is ~1e6 and the scores' float32 rounding alone exceeds the tolerance)
         noise = torch.randn(b, n, len(DENSE_FEATURES), generator=generator)
