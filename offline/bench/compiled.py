@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -198,8 +199,8 @@ def write_report(out: Path, record: dict[str, Any]) -> None:
 
 
 def _cells(row: dict[str, Any]) -> list[Any]:
-    return [row["eager_cpu_ms"], row["onnx_cpu_ms"], f"{row['cpu_speedup']}x", row["eager_ms"], row["onnx_ms"],
-            f"{row['speedup']}x", f"{row['max_abs_diff']:.1e}"]
+    return [f"{row['eager_cpu_ms']:.2f}", f"{row['onnx_cpu_ms']:.2f}", f"{row['cpu_speedup']}x",
+            f"{row['eager_ms']:.2f}", f"{row['onnx_ms']:.2f}", f"{row['speedup']}x", f"{row['max_abs_diff']:.1e}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
     cases = [run_case(name, Path(config), Path(data), args) for name, config, data in args.case]
     record = {
-        "command": "python -m offline.bench.compiled " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m offline.bench.compiled " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "threads": args.threads, "reps": args.reps,
         "warmup": args.warmup, "torch": torch.__version__, "onnxruntime": _ort_version(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
