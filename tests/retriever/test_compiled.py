@@ -8,10 +8,8 @@ for batches of 1 and several, at the served length and a shorter one, with histo
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -28,32 +26,11 @@ from retriever.compiled import (
     load_encoder,
     write_encoder,
 )
-from retriever.config import config_from_dict
-from retriever.model import Retriever
-
-CONFIGS = sorted(Path(__file__).resolve().parents[2].glob("configs/ml-100k/*.yaml"))
-N_ITEMS, MAX_LEN = 40, 12
-# Configs whose encoder does not compile, and why: TRM4Rec Adaptive halts on tensor values (the exporter
-# fails on its halting mask; a trace would keep one input's number of steps), xLSTM's cell loops over the
-# length in Python (a trace would keep the example's length).
-EAGER = {"trm4rec-adaptive", "xlstm"}
-TINY = {"d_model": 16, "n_layers": 2, "n_heads": 2, "max_len": MAX_LEN, "hidden_size": 16}
-
-
-def _tiny(path: Path) -> Retriever:
-    raw = yaml.safe_load(path.read_text())
-    model: dict[str, Any] = raw["model"]
-    model.update({k: v for k, v in TINY.items() if k in model})
-    if "n_steps" in model:
-        model["n_steps"] = min(model["n_steps"], 3)
-    if model.pop("item_features", None) is not None:  # the genres of the ML-100K transformer, made up here
-        model.update(n_features=6, features_per_item=2)
-    torch.manual_seed(0)
-    retriever = config_from_dict(raw).build(N_ITEMS).eval()
-    fields = {f.name for f in dataclasses.fields(BACKBONES[model["backbone"]][0])}
-    if "n_features" in fields and model.get("n_features"):
-        retriever.encoder.set_item_features(torch.randint(0, 7, (N_ITEMS + 1, 2)))
-    return retriever
+from tests.tiny import COMPILED_EAGER as EAGER
+from tests.tiny import MODEL_CONFIGS as CONFIGS
+from tests.tiny import TINY_ITEMS as N_ITEMS
+from tests.tiny import TINY_MAX_LEN as MAX_LEN
+from tests.tiny import tiny_retriever
 
 
 def _histories(batch: int, length: int, seed: int) -> Tensor:
@@ -68,7 +45,7 @@ def _histories(batch: int, length: int, seed: int) -> Tensor:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_every_config_compiles_with_eagers_vectors_or_says_why(config: Path, tmp_path: Path) -> None:
-    model = _tiny(config)
+    model = tiny_retriever(config)
     reason = write_encoder(tmp_path, model, MAX_LEN)
     if config.stem in EAGER:
         assert reason is not None
@@ -107,7 +84,7 @@ def test_a_trace_that_branches_on_tensor_values_is_refused() -> None:
 
 
 def test_a_corrupt_encoder_file_is_refused_and_a_missing_one_is_exported_at_load(tmp_path: Path) -> None:
-    model = _tiny(next(c for c in CONFIGS if c.stem == "sasrec"))
+    model = tiny_retriever(next(c for c in CONFIGS if c.stem == "sasrec"))
     (tmp_path / ENCODER_FILE).write_bytes(b"not onnx")
     with pytest.raises(ExportRefused, match="ONNX Runtime cannot load it"):
         load_encoder(tmp_path, model, MAX_LEN)
@@ -120,7 +97,7 @@ def test_a_corrupt_encoder_file_is_refused_and_a_missing_one_is_exported_at_load
 
 
 def test_weights_that_no_longer_match_the_file_are_refused(tmp_path: Path) -> None:
-    model = _tiny(next(c for c in CONFIGS if c.stem == "transformer"))
+    model = tiny_retriever(next(c for c in CONFIGS if c.stem == "transformer"))
     assert write_encoder(tmp_path, model, MAX_LEN) is None
     with torch.no_grad():
         model.encoder.item_emb.weight.mul_(3.0)

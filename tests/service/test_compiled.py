@@ -8,16 +8,19 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
 
 from offline.cli import main as seqrec
 from ranker.compiled import MLP_FILE, CompiledMLP
+from retriever.artifact import write_artifact
 from retriever.compiled import ENCODER_FILE
 from service.bundle import BundleError, load_bundle
 from service.recommend import Query, recommend_batch
 from service.settings import Settings
+from tests.tiny import COMPILED_EAGER, MODEL_CONFIGS, TINY_ITEMS, tiny_config, tiny_retriever
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +101,20 @@ def test_the_inference_setting_takes_three_values(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("SEQREC_INFERENCE", "fast")
     with pytest.raises(ValidationError, match="inference"):
         Settings()
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED_EAGER))
+def test_a_backbone_that_does_not_compile_is_served_eagerly(name: str, tmp_path: Path) -> None:
+    """Written as `seqrec train` writes it (no encoder.onnx, the reason in the manifest), served eagerly."""
+    config_path = next(c for c in MODEL_CONFIGS if c.stem == name)
+    model = tiny_retriever(config_path)
+    path = tmp_path / name
+    manifest = write_artifact(path, model, tiny_config(config_path), np.array([f"i{i}" for i in range(TINY_ITEMS)]))
+    assert manifest.compiled is not None
+    assert manifest.compiled["encoder"] == "eager"
+    assert not (path / ENCODER_FILE).exists()
+    loaded = load_bundle(path)
+    assert loaded.inference == {"encoder": "eager"}
+    history = torch.tensor([[0, 0, 3, 9, 4, 17, 2, 8, 30, 11, 5, 1]])
+    with torch.inference_mode():
+        assert torch.equal(loaded.encode(history), model.user_vectors(history).float())
