@@ -4,6 +4,7 @@
                            feature spec, training settings and metrics, sha256 of each file
     ranker/item_tables.npz popularity, known flags, metadata ids, year buckets (allow_pickle=False)
     ranker/mlp.pt | lgbm.txt  torch state_dict (weights_only=True) or LightGBM text model
+    ranker/mlp.onnx        the MLP ranker compiled for ONNX Runtime (`ranker.compiled`), when it exports
 
 The folder is written under a temporary name and renamed into place; a ranker mined
 from another retriever version, or with a different feature list, is refused.
@@ -12,6 +13,7 @@ from another retriever version, or with a different feature list, is refused.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 
+from ranker.compiled import MLP_FILE, CompiledMLP, write_mlp
 from ranker.features import DENSE_FEATURES, TABLES_FILE, FeatureBatch, ItemTables, feature_spec
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
@@ -34,6 +37,7 @@ from retriever.manifest import RetrieverManifest
 FORMAT = "seqrec.ranker/1"
 FOLDER = "ranker"
 MANIFEST = "manifest.json"
+log = logging.getLogger(__name__)
 
 
 class Ranker(Protocol):
@@ -105,7 +109,7 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
     try:
         saved = ranker.save(tmp)
         tables.save(tmp / TABLES_FILE)
-        files = [*saved["files"], TABLES_FILE]
+        files = [*saved["files"], TABLES_FILE, *_write_compiled(tmp, ranker)]
         manifest = RankerManifest(
             format=FORMAT, kind=ranker.kind, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             retriever_version=retriever_manifest.version,
@@ -123,6 +127,18 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def _write_compiled(folder: Path, ranker: Ranker) -> list[str]:
+    """mlp.onnx beside an MLP ranker's weights when it compiles (`ranker.compiled`); the files written."""
+    eager = ranker.eager if isinstance(ranker, CompiledMLP) else ranker
+    if not isinstance(eager, MLPRanker):
+        return []
+    reason = write_mlp(folder, eager)
+    if reason is not None:
+        log.info("the MLP ranker stays eager: %s", reason)
+        return []
+    return [MLP_FILE]
 
 
 def read_manifest(folder: Path) -> RankerManifest:

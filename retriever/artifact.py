@@ -6,6 +6,8 @@
     retriever.pt    state_dict, loaded with torch.load(weights_only=True)
     item_ids.npy    index row r -> external id of internal item r + 1 (unicode, no pickle)
     items.faiss     L2-normalised item vectors (row r = internal item r + 1)
+    encoder.onnx    the served user encoder compiled for ONNX Runtime (retriever.compiled), when the
+                    backbone exports; the manifest's ``compiled`` says why not otherwise
     history.jsonl   per-epoch training log (loss, lr, validation metrics, speed)
     catalogue.parquet  the prepared items table (external id, title, genres/attributes, ...), optional
     popularity.npy  (n_items + 1,) int64 training-position counts (the service's cold-start order), optional
@@ -17,6 +19,7 @@ whose manifest is present and whose checksums match is complete.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -30,6 +33,7 @@ import torch
 from pydantic import ValidationError
 
 from retriever.atomic import atomic_write, sha256_file, write_jsonl
+from retriever.compiled import ENCODER_FILE, OPSET, write_encoder
 from retriever.config import RunConfig, config_from_dict
 from retriever.errors import RetrieverError, validation_message
 from retriever.index import IndexSpec, build_index, load_index, normalize, save_index
@@ -42,6 +46,7 @@ MANIFEST, CONFIG, WEIGHTS, ITEM_IDS, INDEX, HISTORY = (
     "manifest.json", "config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl",
 )
 CATALOGUE, POPULARITY = "catalogue.parquet", "popularity.npy"
+log = logging.getLogger(__name__)
 
 
 class ArtifactError(RetrieverError):
@@ -105,7 +110,9 @@ def write_artifact(
     atomic_write(out / ITEM_IDS, lambda p: _save_npy(p, np.asarray(item_ids, dtype=str)))
     vectors = item_matrix(model)
     save_index(build_index(vectors, spec), out / INDEX)
+    compiled = _write_compiled(out, model, config.max_len(n_items))
     files = [CONFIG, WEIGHTS, ITEM_IDS, INDEX, *_write_optional(out, n_items, history, catalogue, popularity)]
+    files += [ENCODER_FILE] if compiled["encoder"] == "onnx" else []
     created = datetime.now(UTC)
     digest = {name: sha256_file(out / name) for name in files}
     manifest = {
@@ -120,6 +127,7 @@ def write_artifact(
         "dataset": dict(dataset or {}),
         "metrics": dict(metrics or {}),
         "index": spec.to_dict(),
+        "compiled": compiled,
         **dict(extra or {}),
         "sha256": digest,
     }
@@ -146,13 +154,26 @@ def _write_optional(out: Path, n_items: int, history: list[dict[str, Any]] | Non
 
 
 def rewrite_index(path: Path, spec: IndexSpec) -> RetrieverManifest:
-    """Rebuild items.faiss with another index spec and update the manifest in place."""
+    """Rebuild items.faiss with another index spec, (re)compile the encoder and update the manifest in place."""
     artifact = load_artifact(path, with_index=False)
     save_index(build_index(item_matrix(artifact.model), spec), path / INDEX)
+    compiled = _write_compiled(path, artifact.model, artifact.max_len)
     fields = artifact.manifest.to_dict()  # the file's keys, for writing back
     fields["index"] = spec.to_dict()
-    fields["sha256"] = {**fields["sha256"], INDEX: sha256_file(path / INDEX)}
+    fields["compiled"] = compiled
+    digests = {name: d for name, d in fields["sha256"].items() if name != ENCODER_FILE}
+    fields["sha256"] = {**digests, INDEX: sha256_file(path / INDEX),
+                        **({ENCODER_FILE: sha256_file(path / ENCODER_FILE)} if compiled["encoder"] == "onnx" else {})}
     return _write_manifest(path, fields)
+
+
+def _write_compiled(out: Path, model: Retriever, max_len: int) -> dict[str, Any]:
+    """Write encoder.onnx when the backbone compiles; the manifest's record of what was compiled, or why not."""
+    reason = write_encoder(out, model, max_len)
+    if reason is None:
+        return {"encoder": "onnx", "exporter": "torch.onnx (TorchScript)", "opset": OPSET, "torch": torch.__version__}
+    log.info("the encoder stays eager: %s", reason)
+    return {"encoder": "eager", "reason": reason}
 
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> RetrieverManifest:

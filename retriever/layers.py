@@ -67,11 +67,12 @@ def attention_mask(item_ids: Tensor, *, causal: bool = True) -> Tensor:
     Every position may also attend to itself, so rows of padding queries are never empty
     (SDPA would return NaN for them); their outputs are ignored downstream.
     """
-    T = item_ids.shape[1]
-    allowed = (item_ids != 0)[:, None, None, :]  # (B, 1, 1, T) keys
+    position = torch.arange(item_ids.shape[1], device=item_ids.device)
+    query, key = position[:, None], position[None, :]  # (T, 1), (1, T); comparisons rather than eye/tril,
+    allowed = (item_ids != 0)[:, None, None, :]  # (B, 1, 1, T) keys      which export to ONNX at any T
     if causal:
-        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=item_ids.device).tril()
-    return allowed | torch.eye(T, dtype=torch.bool, device=item_ids.device)
+        allowed = allowed & (key <= query)
+    return allowed | (key == query)
 
 
 class SelfAttention(nn.Module):
@@ -92,7 +93,7 @@ class SelfAttention(nn.Module):
         """(B, T, D) -> (B, T, D), or (B, 1, D) for the last query alone when last_only (inference)."""
         B, T, D = x.shape
         H, hd = self.n_heads, D // self.n_heads
-        q, k, v = self.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        q, k, v = self.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd)
         if self.rope and rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

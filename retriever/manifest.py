@@ -39,6 +39,9 @@ class RetrieverManifest(BaseModel):
         LEGACY_REPEATS, description="the bundle's resolved repeat policy (retriever.config), the one source of "
         "truth that mining, the ranker, evaluation and the service's default exclude_seen follow; absent in "
         "artifacts older than the policy, which behave as exclude")
+    compiled: dict[str, Any] | None = Field(
+        None, description="what `retriever.compiled` wrote: {'encoder': 'onnx', ...} with encoder.onnx beside the "
+        "weights, or {'encoder': 'eager', 'reason': ...}; absent in artifacts older than the compiled path")
     sha256: dict[str, str] | None = Field(None, description="file name -> sha256 of every file in the artifact")
 
     @property

@@ -74,18 +74,19 @@ async def lifespan(app: FastAPI, *, settings: Settings, metrics: Metrics,
     set_threads(settings.threads)
     if preloaded is None:
         path = resolve_bundle(settings.artifacts)
-        served = await asyncio.to_thread(load_bundle, path)
+        served = await asyncio.to_thread(load_bundle, path, inference=settings.inference, threads=settings.threads)
     else:
         path, served = preloaded.path, preloaded
     engine = Engine(served, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                     threads=settings.threads, personalize_beta=settings.personalize_beta,
-                    personalize_steps=settings.personalize_steps, on_batch=metrics.batch.observe)
+                    personalize_steps=settings.personalize_steps, on_batch=metrics.batch.observe,
+                    inference=settings.inference)
     await engine.start()
     store = make_store(settings)
     metrics.set_model(served)
     app.state.seqrec = State(settings, engine, store, metrics)
-    log.info("serving %s (%s) from %s; history store: %s", served.version,
-             served.ranker.kind if served.ranker else "no ranker", path, store.name)
+    log.info("serving %s (%s) from %s; history store: %s; inference: %s", served.version,
+             served.ranker.kind if served.ranker else "no ranker", path, store.name, served.inference)
     try:
         yield
     finally:

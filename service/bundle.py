@@ -8,23 +8,30 @@ then runs a smoke query through both stages, so a bundle that cannot answer is r
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow.parquet as pq
 import torch
 
 from ranker.artifact import RankerArtifact, load_ranker, unit_item_vectors
+from ranker.compiled import load_mlp
 from ranker.features import TorchTables
+from ranker.mlp import MLPRanker
 from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, load_artifact
+from retriever.compiled import ExportRefused, load_encoder
 from retriever.errors import SeqrecError
 from service.recommend import Query, recommend_batch
 
 CURRENT = "current"
+Inference = Literal["auto", "onnx", "eager"]
+log = logging.getLogger(__name__)
 METADATA_COLUMNS = ("title", "year", "genres", "attributes")
 
 
@@ -44,6 +51,9 @@ class Bundle:
     popular: np.ndarray  # internal ids, most popular first (the cold-start answer)
     popularity: np.ndarray  # (n_items + 1,) training counts (or the ranker's popularity), the fallback's score
     loaded_at: float = field(default_factory=time.time)
+    # The compiled encoder (retriever.compiled) when it serves, else None: the model runs eagerly.
+    compiled_encoder: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False, compare=False)
+    inference: dict[str, str] = field(default_factory=dict, compare=False)  # stage -> "onnx" | "eager"
     # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.
     _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
     popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular
@@ -55,6 +65,14 @@ class Bundle:
         rank[self.popular] = np.arange(1, len(order) + 1)
         object.__setattr__(self, "_by_popularity", rows)
         object.__setattr__(self, "popularity_rank", rank)
+
+    def encode(self, history: torch.Tensor) -> torch.Tensor:
+        """(B, T) left-padded internal ids -> (B, D) float32 user vectors (not normalised): the one place the
+        served encoder runs, compiled (ONNX Runtime) when the bundle loaded it so, else eagerly."""
+        if self.compiled_encoder is not None:
+            return self.compiled_encoder(history)
+        with torch.inference_mode():
+            return self.artifact.model.user_vectors(history).float()
 
     @property
     def version(self) -> str:
@@ -115,6 +133,7 @@ class Bundle:
             "candidates": self.ranker_depth,
             "catalogue": bool(self.metadata and any(self.metadata)),
             "created_at": manifest.created_at,
+            "inference": dict(self.inference),
         }
 
 
@@ -131,8 +150,13 @@ def resolve_bundle(artifacts: Path) -> Path:
     raise BundleError(f"{artifacts}: neither a bundle (no manifest.json) nor an artifacts folder with `{CURRENT}`")
 
 
-def load_bundle(path: Path) -> Bundle:
-    """Load and validate a bundle: checksums, shapes, the ranker's lineage, then a smoke query."""
+def load_bundle(path: Path, *, inference: Inference = "auto", threads: int = 1) -> Bundle:
+    """Load and validate a bundle: checksums, shapes, the ranker's lineage, the compiled path, then a smoke query.
+
+    inference: ``auto`` serves the encoder and the MLP ranker through ONNX Runtime when they compile and match
+    eager (`retriever.compiled`), else eagerly with one log line saying why; ``onnx`` refuses a bundle whose
+    encoder (or MLP ranker) does not compile; ``eager`` never compiles. threads: ONNX Runtime's intra-op threads.
+    """
     path = Path(path)
     try:
         artifact = load_artifact(path)
@@ -153,10 +177,47 @@ def load_bundle(path: Path) -> Bundle:
             ranker.depth  # noqa: B018  the default request's depth: a ranker that records none is refused here
         except ArtifactError as err:
             raise BundleError(str(err)) from None
+    encoder, ranker, record = _compile(path, artifact, ranker, inference, threads)
     bundle = Bundle(path, artifact, ranker, None if ranker is None else ranker.tables.torch(), vectors, index_of,
-                    _metadata(path, ids), *_popular(path, artifact, ranker))
+                    _metadata(path, ids), *_popular(path, artifact, ranker), compiled_encoder=encoder,
+                    inference=record)
     _smoke(bundle)
     return bundle
+
+
+def _compile(path: Path, artifact: RetrieverArtifact, ranker: RankerArtifact | None, inference: Inference,
+             threads: int) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, RankerArtifact | None,
+                                    dict[str, str]]:
+    """The compiled encoder (or None), the ranker with its MLP compiled where it can be, and what runs where."""
+    if inference not in ("auto", "onnx", "eager"):
+        raise BundleError(f"inference must be auto, onnx or eager, got {inference!r}")
+    record = {"encoder": "eager"}
+    if ranker is not None:
+        record["ranker"] = "eager" if isinstance(ranker.ranker, MLPRanker) else ranker.kind
+    if inference == "eager":
+        return None, ranker, record
+    encoder = None
+    try:
+        written = artifact.manifest.compiled or {}
+        if written.get("encoder") == "eager":  # refused when the bundle was written: the same reason holds
+            raise ExportRefused(str(written.get("reason", "it did not compile when the bundle was written")))
+        encoder = load_encoder(path, artifact.model, artifact.max_len, threads=threads)
+        record["encoder"] = "onnx"
+    except ExportRefused as err:
+        _refused(path, "encoder", err, inference)
+    if ranker is not None and isinstance(ranker.ranker, MLPRanker):
+        try:
+            ranker = replace(ranker, ranker=load_mlp(ranker.path, ranker.ranker, threads=threads))
+            record["ranker"] = "onnx"
+        except ExportRefused as err:
+            _refused(path, "MLP ranker", err, inference)
+    return encoder, ranker, record
+
+
+def _refused(path: Path, what: str, err: ExportRefused, inference: Inference) -> None:
+    if inference == "onnx":
+        raise BundleError(f"{path}: SEQREC_INFERENCE=onnx, but the {what} does not compile: {err}")
+    log.info("%s: the %s runs eagerly: %s", path, what, err)
 
 
 def _metadata(path: Path, ids: list[str]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from service.bundle import Bundle, load_bundle
+from service.bundle import Bundle, Inference, load_bundle
 from service.recommend import Query, Result, recommend_batch
 
 log = logging.getLogger(__name__)
@@ -32,13 +32,14 @@ class Engine:
 
     def __init__(self, bundle: Bundle, *, max_batch: int = 32, max_wait_ms: float = 2.0, threads: int = 1,
                  personalize_beta: float = 1e-5, personalize_steps: int = 1,
-                 on_batch: Callable[[int], None] | None = None) -> None:
+                 on_batch: Callable[[int], None] | None = None, inference: Inference = "auto") -> None:
         self.bundle = bundle
         self.on_batch = on_batch  # called with each answered batch's size (the /metrics histogram)
         self._run_batch = functools.partial(recommend_batch, beta=personalize_beta, steps=personalize_steps)
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
         self.threads = threads
+        self.inference: Inference = inference  # how reloaded bundles run (service.bundle.load_bundle)
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._inference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqrec-inference",
@@ -113,7 +114,7 @@ class Engine:
     async def reload(self, path: Path) -> tuple[Bundle, Bundle]:
         """Load and validate ``path``; swap it in only when it passes. Returns (old, new)."""
         async with self._reload_lock:
-            new = await asyncio.to_thread(_load_with_threads, path, self.threads)
+            new = await asyncio.to_thread(_load_with_threads, path, self.threads, self.inference)
             old, self.bundle = self.bundle, new
             return old, new
 
@@ -126,6 +127,6 @@ def set_threads(threads: int) -> None:
     faiss.omp_set_num_threads(threads)
 
 
-def _load_with_threads(path: Path, threads: int) -> Bundle:
+def _load_with_threads(path: Path, threads: int, inference: Inference) -> Bundle:
     set_threads(threads)
-    return load_bundle(path)
+    return load_bundle(path, inference=inference, threads=threads)

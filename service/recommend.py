@@ -41,6 +41,7 @@ class Servable(Protocol):
     def max_len(self) -> int: ...
     @property
     def n_items(self) -> int: ...
+    def encode(self, history: torch.Tensor) -> torch.Tensor: ...  # (B, T) -> (B, D) float32, not normalised
 
 
 B = TypeVar("B", bound=Servable)
@@ -105,15 +106,13 @@ def _padded_histories(queries: Sequence[Query], max_len: int) -> torch.Tensor:
 def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Query], *, beta: float,
                   steps: int) -> torch.Tensor:
     """(B, D) unit user vectors: one forward pass for the plain queries, PCRec-simple for the others."""
-    model = bundle.artifact.model
     plain = [i for i, q in enumerate(queries) if not q.personalize]
     user = torch.zeros(len(queries), bundle.vectors.shape[1])  # a normal tensor: personalize writes into it too
     if plain:
-        with torch.inference_mode():
-            vectors = model.user_vectors(history[plain]).float()
-        user[plain] = vectors
+        user[plain] = bundle.encode(history[plain])
     special = [i for i, q in enumerate(queries) if q.personalize]
     if special:
+        model = bundle.artifact.model
         user[special] = model.personalize(history[special], beta=beta, steps=steps).detach().float()
     return torch.nn.functional.normalize(user, dim=-1)
 

@@ -5,11 +5,13 @@
     SEQREC_REDIS_URL=redis://redis:6379/0   history store; unset = the in-process store
     SEQREC_SEEN_CAP=10000             items remembered per user for ``exclude_seen`` (see ``service.store``)
     SEQREC_API_KEY=...                required as ``Authorization: Bearer`` on writes and /admin
+    SEQREC_INFERENCE=auto             auto | onnx | eager: the encoder and MLP ranker through ONNX Runtime
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,7 +35,10 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="when set, writes and /admin need `Bearer <key>`")
     max_batch: int = Field(32, ge=1, le=1024, description="requests micro-batched into one forward pass")
     max_wait_ms: float = Field(2.0, ge=0, le=1000, description="how long a batch waits for more requests")
-    threads: int = Field(1, ge=1, le=256, description="torch and FAISS threads for inference")
+    threads: int = Field(1, ge=1, le=256, description="torch, ONNX Runtime and FAISS threads for inference")
+    inference: Literal["auto", "onnx", "eager"] = Field(
+        "auto", description="auto: the encoder and the MLP ranker run compiled (ONNX Runtime) when they export "
+        "and match eager at load, else eagerly (logged); onnx: refuse a bundle that does not compile; eager: never")
     personalize_beta: float = Field(1e-5, ge=0, le=1, description="PCRec-simple step size (`personalize: true`)")
     personalize_steps: int = Field(1, ge=0, le=10, description="PCRec-simple gradient steps per request")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")

@@ -48,7 +48,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise SeqrecError("invalid settings: " + validation_message(err, prefix="SEQREC_", upper=True)) from None
     try:
         path = resolve_bundle(settings.artifacts)
-        bundle = load_bundle(path) if settings.workers == 1 else None  # refuse a bad bundle before binding
+        bundle = (load_bundle(path, inference=settings.inference, threads=settings.threads)
+                  if settings.workers == 1 else None)  # refuse a bad bundle before binding
     except BundleError as err:
         raise SeqrecError(str(err)) from None
     log.info("serving %s on http://%s:%d (docs at /docs)", path, settings.host, settings.port)

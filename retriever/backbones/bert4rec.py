@@ -72,7 +72,7 @@ class PostNormBlock(nn.Module):
         """(B, T, D) -> (B, T, D), or (B, 1, D) for the last position alone when last_only (inference)."""
         B, T, D = x.shape
         H, hd = self.n_heads, D // self.n_heads
-        q, k, v = self.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        q, k, v = self.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd)
         if last_only:
             q, mask, x = q[:, :, -1:], mask[:, :, -1:], x[:, -1:]  # (B, H, 1, hd), (B, 1, 1, T), (B, 1, D)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)

@@ -72,6 +72,7 @@ class HSTULayer(nn.Module):
         super().__init__()
         D, H = config.d_model, config.n_heads
         self.n_heads = H
+        self.norm_shape = (D,)  # a constant rather than x.shape[-1:]: the ONNX trace then needs no shape arithmetic
         self.norm_scale = float(config.max_len)
         self.f1 = nn.Linear(D, 4 * D)
         self.f2 = nn.Linear(D, D)
@@ -87,7 +88,7 @@ class HSTULayer(nn.Module):
         time_gap (B, T, T) = ts_i - ts_j or None -> (B, T, D)."""
         B, T, D = x.shape
         H, hd = self.n_heads, D // self.n_heads
-        normed = F.layer_norm(x.float(), (D,)).to(x.dtype)
+        normed = F.layer_norm(x.float(), self.norm_shape).to(x.dtype)
         u, v, q, k = F.silu(self.f1(normed)).chunk(4, dim=-1)  # each (B, T, D)
         q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # each (B, H, T, hd)
         rab = self.pos_bias(position_buckets(distance.clamp(min=0), self.n_pos_buckets, self.max_len))  # (T, T, H)
@@ -97,7 +98,7 @@ class HSTULayer(nn.Module):
                 0, 3, 1, 2)  # (B, H, T, T)
         attn = self.attn_drop(F.silu(scores) / self.norm_scale * keep)
         y = (attn @ v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-        y = F.layer_norm(y.float(), (D,)).to(x.dtype)
+        y = F.layer_norm(y.float(), self.norm_shape).to(x.dtype)
         return x + self.f2(self.drop(y * u))
 
 

@@ -93,7 +93,7 @@ class LightAttention(nn.Module):
         interest_probs = self.attn_drop(interest_scores.softmax(dim=-1))
         item_term = torch.einsum("bthk,btkhd->bthd", interest_probs, value_interests).reshape(B, T, D)
 
-        pos_q, pos_k = self.pos_qk(self.pos_norm(pos)).view(T, 2, H, hd).permute(1, 2, 0, 3)  # each (H, T, hd)
+        pos_q, pos_k = self.pos_qk(self.pos_norm(pos)).view(T, 2, H, hd).permute(1, 2, 0, 3).unbind(0)  # (H, T, hd)
         v_heads = v.view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
         pos_term = F.scaled_dot_product_attention(
             pos_q.expand(B, H, T, hd), pos_k.expand(B, H, T, hd), v_heads, attn_mask=mask,

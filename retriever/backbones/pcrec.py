@@ -95,6 +95,7 @@ class HSTULayer(nn.Module):
         super().__init__()
         self.n_heads = n_heads
         self.max_len = max_len
+        self.norm_shape = (dim,)  # a constant rather than x.shape[-1:]: the ONNX trace then needs no shape arithmetic
         self.norm = RMSNorm(dim)
         self.uvqk = nn.Linear(dim, 4 * dim)
         self.rab = nn.Parameter(torch.zeros(n_heads, max_len))  # bias per head and distance i - j
@@ -109,7 +110,7 @@ class HSTULayer(nn.Module):
         q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))  # each (B, H, T, hd)
         weights = F.silu(q @ k.transpose(-1, -2) + self.rab[:, distance]) * allowed[:, None] / self.max_len
         y = (weights @ v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-        return x + self.dropout(self.out(F.layer_norm(y, (D,)) * u))
+        return x + self.dropout(self.out(F.layer_norm(y, self.norm_shape) * u))
 
 
 class PredictiveCoding(nn.Module):
@@ -125,7 +126,7 @@ class PredictiveCoding(nn.Module):
 
     def base_thetas(self, allowed: Tensor, distance: Tensor) -> list[Tensor]:
         """One (B, T, T) theta_j per layer, zero where a query may not see a key."""
-        return [w[distance] * allowed for w in self.theta]
+        return [w[distance] * allowed for w in self.theta.unbind(0)]
 
     def errors(self, states: list[Tensor], thetas: list[Tensor], keep: Tensor) -> list[Tensor]:
         """eps_j = s_j - theta_j f(s_{j-1}) for j = 1..L, each (B, T, D), zero at padding."""

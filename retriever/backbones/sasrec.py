@@ -47,7 +47,7 @@ class SASRecBlock(nn.Module):
         H, hd = self.n_heads, D // self.n_heads
         normed = self.attn_norm(x)  # the original normalises only the queries and keeps them as the residual
         q = self.q(normed).view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
-        k, v = self.kv(x).view(B, T, 2, H, hd).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        k, v = self.kv(x).view(B, T, 2, H, hd).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
         x = normed + self.drop(self.out(y.transpose(1, 2).reshape(B, T, D)))
         normed = self.ffn_norm(x)

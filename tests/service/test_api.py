@@ -240,9 +240,12 @@ def test_personalize(client: httpx.Client, catalogue: list[str]) -> None:
     assert len(answer["items"]) == 5
     assert set(_ids(answer)) <= set(catalogue) - set(history)
     assert all(np.isfinite([i["score"], i["retrieval_score"]]).all() for i in answer["items"])
-    # one item has no next item to learn from: the plain model's answer
-    single = _recommend(client, history=catalogue[:1], k=5, personalize=True)
-    assert _pairs(single) == _pairs(_recommend(client, history=catalogue[:1], k=5))
+    # one item has no next item to learn from: the plain model's answer (personalize runs the eager model, a
+    # plain request the compiled one: the same items, scores within the compiled path's 1e-4)
+    single = _pairs(_recommend(client, history=catalogue[:1], k=5, personalize=True))
+    plain = _pairs(_recommend(client, history=catalogue[:1], k=5))
+    assert [i for i, _, _ in single] == [i for i, _, _ in plain]
+    np.testing.assert_allclose(np.array([s[1:] for s in single]), np.array([p[1:] for p in plain]), atol=1e-4)
 
 
 def test_health_and_readiness(client: httpx.Client, bundle: Path) -> None:

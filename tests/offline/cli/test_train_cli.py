@@ -29,7 +29,9 @@ def test_train_writes_a_self_describing_artifact(artifact: Path, prepared: Path)
     manifest = read_manifest(artifact)
     assert manifest.sha256 is not None
     assert set(manifest.sha256) == {"config.json", "retriever.pt", "item_ids.npy", "items.faiss", "history.jsonl",
-                                       "catalogue.parquet", "popularity.npy"}
+                                       "catalogue.parquet", "popularity.npy", "encoder.onnx"}
+    assert manifest.compiled is not None
+    assert manifest.compiled["encoder"] == "onnx"
     data = load_prepared(prepared)
     popularity = np.load(artifact / "popularity.npy", allow_pickle=False)
     assert popularity.shape == (data.n_items + 1,)

@@ -1,0 +1,107 @@
+"""The compiled encoder (retriever.compiled) against eager, for every committed model config.
+
+Each config of ``configs/ml-100k`` (the 10 registry backbones and their variants) is shrunk to a tiny model and
+written as the artifact writer does. The ones that compile must give eager's served user vectors within 1e-4
+for batches of 1 and several, at the served length and a shorter one, with histories of every length
+(left padding included); the ones that do not must say why and leave no encoder.onnx, so they serve eagerly.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import Tensor, nn
+
+from retriever.backbones import BACKBONES
+from retriever.compiled import (
+    ENCODER_FILE,
+    PARITY_ATOL,
+    ExportRefused,
+    ServedEncoder,
+    export_onnx,
+    load_encoder,
+    write_encoder,
+)
+from tests.tiny import COMPILED_EAGER as EAGER
+from tests.tiny import MODEL_CONFIGS as CONFIGS
+from tests.tiny import TINY_ITEMS as N_ITEMS
+from tests.tiny import TINY_MAX_LEN as MAX_LEN
+from tests.tiny import tiny_retriever
+
+
+def _histories(batch: int, length: int, seed: int) -> Tensor:
+    """(batch, length) left-padded ids, row r holding a history of its own length (1 .. length)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, N_ITEMS + 1, (batch, length), generator=generator)
+    real = torch.randint(1, length + 1, (batch,), generator=generator)
+    real[0] = length  # one full row, and (batch > 1) the others padded
+    ids[torch.arange(length)[None, :] < (length - real)[:, None]] = 0
+    return ids
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_every_config_compiles_with_eagers_vectors_or_says_why(config: Path, tmp_path: Path) -> None:
+    model = tiny_retriever(config)
+    reason = write_encoder(tmp_path, model, MAX_LEN)
+    if config.stem in EAGER:
+        assert reason is not None
+        assert not (tmp_path / ENCODER_FILE).exists()
+        with pytest.raises(ExportRefused):
+            load_encoder(tmp_path, model, MAX_LEN)
+        return
+    assert reason is None, reason
+    compiled = load_encoder(tmp_path, model, MAX_LEN)
+    reference = ServedEncoder(model)
+    for seed, (batch, length) in enumerate([(1, MAX_LEN), (8, MAX_LEN), (3, MAX_LEN), (1, 5), (6, 7)]):
+        ids = _histories(batch, length, seed)
+        with torch.inference_mode():
+            expected = reference(ids)
+        got = compiled(ids)
+        assert got.shape == expected.shape == (batch, 16)
+        assert torch.allclose(got, expected, atol=PARITY_ATOL, rtol=0), float((got - expected).abs().max())
+
+
+def test_the_config_list_covers_every_registry_backbone() -> None:
+    backbones = {yaml.safe_load(c.read_text())["model"]["backbone"] for c in CONFIGS}
+    assert backbones == set(BACKBONES)
+    assert len(CONFIGS) == 15
+
+
+class _Branches(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        if x.sum() > 0:  # a Python branch on a tensor's value: a trace keeps one side
+            return x * 2
+        return x - 1
+
+
+def test_a_trace_that_branches_on_tensor_values_is_refused() -> None:
+    with pytest.raises(ExportRefused, match=r"depends on tensor values at tests/retriever/test_compiled\.py"):
+        export_onnx(_Branches(), [torch.ones(2, 3)], ["x"], "y", {"x": {0: "batch"}})
+
+
+def test_a_corrupt_encoder_file_is_refused_and_a_missing_one_is_exported_at_load(tmp_path: Path) -> None:
+    model = tiny_retriever(next(c for c in CONFIGS if c.stem == "sasrec"))
+    (tmp_path / ENCODER_FILE).write_bytes(b"not onnx")
+    with pytest.raises(ExportRefused, match="ONNX Runtime cannot load it"):
+        load_encoder(tmp_path, model, MAX_LEN)
+    (tmp_path / ENCODER_FILE).unlink()
+    ids = _histories(4, MAX_LEN, 0)
+    with torch.inference_mode():
+        expected = ServedEncoder(model)(ids)
+    assert torch.allclose(load_encoder(tmp_path, model, MAX_LEN)(ids), expected, atol=PARITY_ATOL, rtol=0)
+    assert not (tmp_path / ENCODER_FILE).exists()  # exported in memory: a bundle is never written at load
+
+
+def test_weights_that_no_longer_match_the_file_are_refused(tmp_path: Path) -> None:
+    model = tiny_retriever(next(c for c in CONFIGS if c.stem == "transformer"))
+    assert write_encoder(tmp_path, model, MAX_LEN) is None
+    with torch.no_grad():
+        model.encoder.item_emb.weight.mul_(3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ExportRefused, match="differ from eager"):
+            load_encoder(tmp_path, model, MAX_LEN)
