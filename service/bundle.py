@@ -22,6 +22,7 @@ from ranker.artifact import RankerArtifact, load_ranker, unit_item_vectors
 from ranker.features import TorchTables
 from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, load_artifact
 from retriever.errors import SeqrecError
+from service.filters import CatalogueFilters
 from service.recommend import Query, recommend_batch
 
 CURRENT = "current"
@@ -47,6 +48,7 @@ class Bundle:
     # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.
     _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
     popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular
+    filters: CatalogueFilters = field(init=False, repr=False, compare=False)  # per-column lookups of the catalogue
 
     def __post_init__(self) -> None:
         order = self.popular.tolist()
@@ -55,6 +57,7 @@ class Bundle:
         rank[self.popular] = np.arange(1, len(order) + 1)
         object.__setattr__(self, "_by_popularity", rows)
         object.__setattr__(self, "popularity_rank", rank)
+        object.__setattr__(self, "filters", CatalogueFilters.from_metadata(self.metadata))
 
     @property
     def version(self) -> str:

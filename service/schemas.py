@@ -80,6 +80,11 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+FilterScalar = str | int | float
+# a bare value (eq), a list (in) or {operator: operand}; see `service.filters` for the columns and operators
+FilterCondition = FilterScalar | list[FilterScalar] | dict[str, FilterScalar | list[FilterScalar]]
+
+
 class RecommendRequest(Strict):
     user_id: UserId | None = Field(None, description="use the stored history when `history` is absent")
     history: list[ItemId] | None = Field(None, max_length=MAX_HISTORY,
@@ -94,6 +99,15 @@ class RecommendRequest(Strict):
     rerank: bool = Field(True, description="rerank the candidates with the bundle's ranker")
     personalize: bool = Field(False, description="PCRec-simple: one gradient step on this history first "
                                                  "(causal models; costs ~10-30 ms)")
+    exclude_items: list[ItemId] | None = Field(None, max_length=MAX_HISTORY, description=(
+        "item ids never to return (ids unknown to the catalogue are ignored and listed in `unknown_items`)"))
+    include_items: list[ItemId] | None = Field(None, max_length=MAX_HISTORY, description=(
+        "an allow-list: return only these items (unknown ids ignored and listed in `unknown_items`)"))
+    filters: dict[str, FilterCondition] | None = Field(None, max_length=16, description=(
+        'conditions on catalogue columns, all of which must hold: `{"genres": ["Comedy"]}` (any of), '
+        '`{"year": {"gte": 1990}}`; operators eq, ne, in, gte, gt, lte, lt; an unknown column, operator or '
+        "operand type is a 422. Candidates are drawn from the eligible items only, so k items come back "
+        "whenever k eligible items (outside an excluded history) exist"))
 
 
 class RecommendedItem(BaseModel):
