@@ -126,9 +126,10 @@ def _table(bundle: Bundle, users: list[str], lists: list[list[tuple[int, float]]
     flat = [pair for items in lists for pair in items]
     item_ids = np.asarray(bundle.artifact.item_ids).astype(str)
     internal = np.array([i for i, _ in flat], dtype=np.int64)
+    ranks = np.concatenate([np.arange(1, n + 1) for n in lengths] or [np.empty(0, dtype=np.int64)])
     return pa.table({
         "user_id": pa.array(np.repeat(np.array(users, dtype=object), lengths), pa.string()),
-        "rank": pa.array(np.concatenate([np.arange(1, n + 1) for n in lengths] or [np.empty(0, dtype=np.int64)]).astype(np.int32)),
+        "rank": pa.array(ranks.astype(np.int32)),
         "item_id": pa.array(item_ids[internal - 1] if len(internal) else [], pa.string()),
         "score": pa.array([s for _, s in flat], pa.float64()),
     }, schema=SCHEMA)
