@@ -88,14 +88,19 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             before = os.getloadavg()[0]
             result = run_load(url, payloads, args.rate, args.duration, warmup_s=2.0, label=str(share))
             violations = _violations(url, payloads, kept, bundle, args.k) if spec else 0
-            rows.append({**result.to_dict(), "label": args.label, "index": bundle.artifact.manifest.index.get("kind", "?"),
-                         "filter": "none" if spec is None else json.dumps(spec)[:80] + ("..." if len(json.dumps(
-                             spec)) > 80 else ""), "target_share": share, "kept_share": round(float(kept.mean()), 4),
-                         "kept_items": int(kept.sum()), "violations": violations,
-                         "load_before": round(before, 1), "load_after": round(os.getloadavg()[0], 1), "k": args.k,
-                         "users": len(histories), "bundle": str(args.bundle), "model_version": bundle.version,
-                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            rows.append({**result.to_dict(), **_describe(bundle, spec, share, kept), "label": args.label,
+                         "violations": violations, "load_before": round(before, 1),
+                         "load_after": round(os.getloadavg()[0], 1), "k": args.k, "users": len(histories),
+                         "bundle": str(args.bundle)})
     return rows
+
+
+def _describe(bundle: Bundle, spec: dict[str, Any] | None, share: float | None, kept: np.ndarray) -> dict[str, Any]:
+    text = "none" if spec is None else json.dumps(spec)
+    return {"index": bundle.artifact.manifest.index.get("kind", "?"),
+            "filter": text if len(text) <= 80 else text[:80] + "...", "target_share": share,
+            "kept_share": round(float(kept.mean()), 4), "kept_items": int(kept.sum()),
+            "model_version": bundle.version, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def write(out: Path, rows: list[dict[str, Any]]) -> None:
