@@ -44,7 +44,8 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     # checked per request, before batching, so one bad request never fails the batch it would join
     if body.personalize and not bundle.artifact.model.causal:
         raise NeedsCausalModel(f"needs a causal model; this bundle's backbone is {bundle.artifact.manifest.backbone}")
-    allowed, unknown_filtered = eligible(bundle.filters, bundle.index_of, filters=body.filters,
+    allowed, unknown_filtered = eligible(bundle.filters, bundle.index_of,
+                                         filters=None if body.filters is None else body.filters.conditions(),
                                          include=body.include_items, exclude=body.exclude_items)
     unknown = list(dict.fromkeys([*unknown, *unknown_filtered]))
     exclude_seen = bundle.exclude_seen if body.exclude_seen is None else body.exclude_seen

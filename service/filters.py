@@ -10,10 +10,13 @@ A request (or a `seqrec recommend` run) narrows the catalogue three ways, all AN
                    {"year": {"gte": 1990, "lt": 2000}}     every operator holds
                    {"year": [1994, 1995]} / {"year": 1995} in / eq
                    operators: eq, ne, in (a list), gte, gt, lte, lt; list columns take eq (has), ne (lacks)
-                   and in (has any); text columns (title) eq, ne, in; an item without a value matches nothing
+                   and in (has any); text columns (title) eq, ne, in; {} = no condition
 
-An unknown column, operator or operand type is a `FilterError` (HTTP 422). Item ids unknown to the
-catalogue in include/exclude are ignored and reported in the response's ``unknown_items``.
+An item without a value in a column matches no condition on it, and so does every item of a catalogue
+without that column (a Beauty bundle has no `year`: a year filter leaves nothing). A column other than
+genres, attributes, year and title, an unknown operator or an operand of the wrong type is a 422
+(`service.schemas.Filters` refuses it; `FilterError` here, for callers that skip the schema). Item ids
+unknown to the catalogue in include/exclude are ignored and reported in the response's ``unknown_items``.
 
 `CatalogueFilters` holds per-column lookups built once when a bundle loads (`service.bundle`):
 value -> rows for list and text columns, a float array for numbers, so a request's mask costs a few
@@ -37,6 +40,7 @@ _ORDER = {"gte": np.greater_equal, "gt": np.greater, "lte": np.less_equal, "lt":
 LIST_COLUMNS = ("genres", "attributes")
 NUMBER_COLUMNS = ("year",)
 TEXT_COLUMNS = ("title",)
+FILTER_COLUMNS = (*LIST_COLUMNS, *NUMBER_COLUMNS, *TEXT_COLUMNS)
 
 
 class FilterError(SeqrecError):
@@ -78,11 +82,15 @@ class CatalogueFilters:
         """(n_items,) bool: the rows every condition of ``filters`` holds for."""
         out = np.ones(self.n_items, dtype=bool)
         for column, condition in filters.items():
-            if column not in self.values and column not in self.numbers:
-                known = ", ".join(self.columns) or "none: this bundle has no catalogue"
-                raise FilterError(f"filters.{column}", f"unknown column; filterable columns: {known}")
+            if column not in FILTER_COLUMNS:
+                raise FilterError(f"filters.{column}", "unknown column; filterable columns: "
+                                  + ", ".join(FILTER_COLUMNS))
             for op, operand in _conditions(column, condition):
-                out &= self._holds(column, op, operand)
+                if column not in self.values and column not in self.numbers:
+                    _check_operand(column, op, operand)
+                    out[:] = False  # no item has a value in a column the catalogue lacks
+                else:
+                    out &= self._holds(column, op, operand)
         return out
 
     def _holds(self, column: str, op: str, operand: Any) -> np.ndarray:
@@ -113,12 +121,21 @@ def _conditions(column: str, condition: Any) -> list[tuple[str, Any]]:
         return [("in", condition)]
     if not isinstance(condition, dict):
         return [("eq", condition)]
-    if not condition:
-        raise FilterError(f"filters.{column}", "an empty condition; name an operator: " + ", ".join(OPERATORS))
     for op in condition:
         if op not in OPERATORS:
             raise FilterError(f"filters.{column}.{op}", "unknown operator; choose one of " + ", ".join(OPERATORS))
     return list(condition.items())
+
+
+def _check_operand(column: str, op: str, operand: Any) -> None:
+    """The type checks of a condition on a column this catalogue lacks (it matches nothing, but must be valid)."""
+    field = f"filters.{column}.{op}"
+    if column in NUMBER_COLUMNS:
+        _number_mask(np.empty(0), op, operand, field)
+    elif op in _ORDER:
+        raise FilterError(field, f"{column} takes eq, ne, in")
+    else:
+        _texts(operand, field, many=op == "in")
 
 
 def _texts(operand: Any, field: str, *, many: bool) -> list[str]:

@@ -85,9 +85,16 @@ def _filters(text: str | None) -> dict[str, Any] | None:
         value = json.loads(text)
     except json.JSONDecodeError as err:
         raise SeqrecError(f"--filters is not valid JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise SeqrecError('--filters must be a JSON object, e.g. \'{"genres": ["Comedy"]}\'')
-    return value
+    from pydantic import ValidationError
+
+    from service.schemas import Filters
+
+    try:  # the request's own schema, so the CLI takes exactly what POST /recommend takes
+        return Filters.model_validate(value).conditions()
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in ("filters", *first["loc"]))
+        raise SeqrecError(f"--filters: {where}: {first['msg']} ({err.error_count()} error(s))") from None
 
 
 def _ids(path: Path | None) -> list[str] | None:
