@@ -45,11 +45,11 @@ def filter_for(bundle: Bundle, share: float) -> tuple[dict[str, Any], np.ndarray
         for value, rows in values:
             trial = kept.copy()
             trial[rows] = True
-            if trial.mean() <= share * 1.1 or (not chosen and trial.mean() <= share * 2):
+            if trial.mean() <= share * 1.1:
                 kept, chosen = trial, [*chosen, value]
             if kept.mean() >= share * 0.95:
                 break
-        if not chosen:  # every value holds more than twice the share: the rarest one
+        if not chosen:  # every value holds more than the share: the rarest one
             value, rows = values[-1]
             chosen, kept[rows] = [value], True
         return {column: chosen}, kept
