@@ -4,7 +4,8 @@ The history (given, or the user's stored one) is mapped to internal ids (unknown
 ignored) and cut to the model's last ``max_len`` items; an empty one gets the most popular items, any
 other is queued on the engine, which runs the two stages (`service.recommend`). With ``exclude_seen``, every
 item of a given history is excluded, and for a stored user every item of the store's seen set, which
-reaches past the window (`service.store`), as offline evaluation excludes the whole history.
+reaches past the window (`service.store`), as offline evaluation excludes the whole history. Business filters
+(`service.filters`) restrict both answers to the eligible items.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from service.bundle import Bundle
 from service.engine import Engine
+from service.filters import eligible
 from service.metrics import Metrics
 from service.recommend import NeedsCausalModel, Query
 from service.schemas import RecommendRequest
@@ -21,8 +25,9 @@ from service.store import HistoryStore
 
 
 async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, metrics: Metrics) -> dict[str, Any]:
-    """The response body; `NeedsCausalModel` for ``personalize`` on a bidirectional model, `StoreUnavailable`
-    when a user_id-only request cannot read the stored history."""
+    """The response body; `NeedsCausalModel` for ``personalize`` on a bidirectional model, `FilterError` for a
+    filter naming an unknown column or operator, `StoreUnavailable` when a user_id-only request cannot read the
+    stored history."""
     start = time.perf_counter()
     bundle = engine.bundle
     seen: frozenset[str] = frozenset()  # stored items beyond the history read here
@@ -36,19 +41,22 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     known = [bundle.index_of.get(i) for i in raw]
     unknown = list(dict.fromkeys(i for i, j in zip(raw, known, strict=True) if j is None))
     history = [j for j in known if j is not None]
-    used = history[-bundle.max_len :]
-    excluded = {*history[: -bundle.max_len], *(j for i in seen if (j := bundle.index_of.get(i)) is not None)}
     # checked per request, before batching, so one bad request never fails the batch it would join
     if body.personalize and not bundle.artifact.model.causal:
         raise NeedsCausalModel(f"needs a causal model; this bundle's backbone is {bundle.artifact.manifest.backbone}")
+    allowed, unknown_filtered = eligible(bundle.filters, bundle.index_of,
+                                         filters=None if body.filters is None else body.filters.conditions(),
+                                         include=body.include_items, exclude=body.exclude_items)
+    unknown = list(dict.fromkeys([*unknown, *unknown_filtered]))
     exclude_seen = bundle.exclude_seen if body.exclude_seen is None else body.exclude_seen
-    if not used:
+    stored_seen = seen_ids(bundle, seen)
+    query = plan_query(bundle, history, stored_seen, k=body.k,
+                       candidates=body.candidates, exclude_seen=exclude_seen, rerank=body.rerank,
+                       personalize=body.personalize, allowed=allowed)
+    if query is None:
         metrics.fallbacks.labels("popularity").inc()
-        return _popular(bundle, body.k, {*history, *excluded} if exclude_seen else set(), unknown, start)
-    candidates = bundle.default_candidates(body.k) if body.candidates is None else body.candidates
-    query = Query(used, k=body.k, candidates=candidates, exclude_seen=exclude_seen,
-                  rerank=body.rerank, personalize=body.personalize,
-                  exclude=tuple(sorted(excluded - set(used))) if exclude_seen else ())
+        top = popular(bundle, body.k, {*history, *stored_seen} if exclude_seen else set(), allowed)
+        return _popular(bundle, top, unknown, start)
     queued = time.perf_counter()
     result = await engine.recommend(query, bundle)  # the bundle the ids were mapped with
     total = 1000 * (time.perf_counter() - start)
@@ -57,14 +65,41 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
         metrics.stages.labels(stage).observe(ms / 1000)
     items = [_item(result.bundle, i, score, retrieval, r + 1) for r, (i, score, retrieval) in enumerate(result.items)]
     return {"items": items, "model_version": result.bundle.version, "reranked": result.reranked,
-            "unknown_items": unknown, "fallback": None, "history_used": len(used),
+            "unknown_items": unknown, "fallback": None, "history_used": len(query.history),
             "timing_ms": {"queue": max(0.0, 1000 * (time.perf_counter() - queued) - compute),
                           **result.timing_ms, "total": total}}
 
 
-def _popular(bundle: Bundle, k: int, seen: set[int], unknown: list[str], start: float) -> dict[str, Any]:
-    """The cold-start answer: the most popular items less ``seen`` (every seen item when excluded)."""
-    top = [i for i in bundle.popular[: k + len(seen)].tolist() if i not in seen][:k]
+def seen_ids(bundle: Bundle, seen: frozenset[str]) -> set[int]:
+    """The internal ids of the stored seen set's items the catalogue knows."""
+    return {j for i in seen if (j := bundle.index_of.get(i)) is not None}
+
+
+def plan_query(bundle: Bundle, history: list[int], seen: set[int], *, k: int, candidates: int | None,
+               exclude_seen: bool, rerank: bool = True, personalize: bool = False,
+               allowed: np.ndarray | None = None) -> Query | None:
+    """The engine's query for a history of internal ids (oldest first) and further ``seen`` ids, or None when
+    the history is empty (the popularity answer). The model reads the last ``max_len`` items; with
+    ``exclude_seen`` the earlier ones and ``seen`` are excluded too. `seqrec recommend` plans with it as well."""
+    used = history[-bundle.max_len :]
+    if not used:
+        return None
+    excluded = {*history[: -bundle.max_len], *seen}
+    depth = bundle.default_candidates(k) if candidates is None else candidates
+    return Query(used, k=k, candidates=depth, exclude_seen=exclude_seen, rerank=rerank, personalize=personalize,
+                 exclude=tuple(sorted(excluded - set(used))) if exclude_seen else (), allowed=allowed)
+
+
+def popular(bundle: Bundle, k: int, seen: set[int], allowed: np.ndarray | None = None) -> list[int]:
+    """The cold-start answer: the k most popular internal ids outside ``seen``, among ``allowed`` rows."""
+    order = bundle.popular
+    keep = ~np.isin(order, np.fromiter(seen, dtype=np.int64, count=len(seen)))
+    if allowed is not None:
+        keep &= allowed[order - 1]
+    return order[keep][:k].tolist()
+
+
+def _popular(bundle: Bundle, top: list[int], unknown: list[str], start: float) -> dict[str, Any]:
     items = [_item(bundle, i, float(bundle.popularity[i]), 0.0, r + 1) for r, i in enumerate(top)]
     total = 1000 * (time.perf_counter() - start)
     return {"items": items, "model_version": bundle.version, "reranked": False, "unknown_items": unknown,

@@ -27,6 +27,7 @@ from ranker.mlp import MLPRanker
 from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, load_artifact
 from retriever.compiled import ExportRefused, load_encoder
 from retriever.errors import SeqrecError
+from service.filters import CatalogueFilters
 from service.recommend import Query, recommend_batch
 
 CURRENT = "current"
@@ -57,6 +58,7 @@ class Bundle:
     # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.
     _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
     popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular
+    filters: CatalogueFilters = field(init=False, repr=False, compare=False)  # per-column lookups of the catalogue
 
     def __post_init__(self) -> None:
         order = self.popular.tolist()
@@ -65,6 +67,7 @@ class Bundle:
         rank[self.popular] = np.arange(1, len(order) + 1)
         object.__setattr__(self, "_by_popularity", rows)
         object.__setattr__(self, "popularity_rank", rank)
+        object.__setattr__(self, "filters", CatalogueFilters.from_metadata(self.metadata))
 
     def encode(self, history: torch.Tensor) -> torch.Tensor:
         """(B, T) left-padded internal ids -> (B, D) float32 user vectors (not normalised): the one place the

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -22,6 +22,7 @@ from ranker.features import TorchTables, compute_features
 from retriever.artifact import RetrieverArtifact
 from retriever.errors import SeqrecError
 from retriever.index import search
+from retriever.index.filtered import search_allowed
 from retriever.windows import padded_slices
 
 
@@ -56,6 +57,9 @@ class Query:
     rerank: bool = True
     personalize: bool = False
     exclude: tuple[int, ...] = ()  # further internal ids never to return (the rest of a long history)
+    # (n_items,) bool over index rows (internal id - 1): the only items to return (business filters), None = all;
+    # queries sharing one array object are searched together
+    allowed: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -122,14 +126,35 @@ def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) ->
     depth = min(max(max(q.candidates, q.k) for q in queries), bundle.n_items)
     exclude = [np.array(sorted({*(q.history if q.exclude_seen else ()), *q.exclude}), dtype=np.int64) - 1
                for q in queries]
-    assert bundle.artifact.index is not None  # load_bundle always loads it
-    scores, rows = search(bundle.artifact.index, user.numpy(), depth, exclude=exclude)
+    scores, rows = _search(bundle, user.numpy(), depth, exclude, queries)
     candidates = np.where(rows >= 0, rows + 1, 0)
     for i, q in enumerate(queries):  # each request keeps its own retrieval depth
         n = max(q.candidates, q.k)
         candidates[i, n:] = 0
         scores[i, n:] = -np.inf
     return candidates, scores
+
+
+def _search(bundle: Servable, user: np.ndarray, depth: int, exclude: list[np.ndarray],
+            queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
+    """FAISS top-depth rows and scores; queries with an allow-list searched per shared list, from it only."""
+    index = bundle.artifact.index
+    assert index is not None  # load_bundle always loads it
+    groups: dict[int, list[int]] = {}
+    for i, q in enumerate(queries):
+        groups.setdefault(0 if q.allowed is None else id(q.allowed), []).append(i)
+    if list(groups) == [0]:
+        return search(index, user, depth, exclude=exclude)
+    scores = np.full((len(queries), depth), -np.inf, dtype=np.float32)
+    rows = np.full((len(queries), depth), -1, dtype=np.int64)
+    for members in groups.values():
+        allowed, wanted = queries[members[0]].allowed, [exclude[i] for i in members]
+        if allowed is None:
+            got = search(index, user[members], depth, exclude=wanted)
+        else:
+            got = search_allowed(index, bundle.vectors[1:].numpy(), user[members], depth, allowed, exclude=wanted)
+        scores[members, : got[0].shape[1]], rows[members, : got[1].shape[1]] = got
+    return scores, rows
 
 
 def _rerank(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candidates: np.ndarray, scores: np.ndarray,

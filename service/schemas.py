@@ -80,6 +80,70 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+Number = float  # strict pydantic takes JSON integers for a float, never booleans or strings
+
+
+def _as_condition(value: Any) -> Any:
+    """A bare list means `in`, a bare value `eq`; an object names its operators."""
+    if isinstance(value, list):
+        return {"in": value}
+    if isinstance(value, dict):
+        return value
+    return {"eq": value}
+
+
+def _condition_schema(operand: dict[str, Any], orders: bool) -> dict[str, Any]:
+    ops = ["eq", "ne", *(["gte", "gt", "lte", "lt"] if orders else [])]
+    many = {"type": "array", "items": operand, "minItems": 1}
+    unset = {"type": "null"}  # an operator given as null is not given
+    condition = {"type": "object", "additionalProperties": False,
+                 "properties": {**{op: {"anyOf": [operand, unset]} for op in ops}, "in": {"anyOf": [many, unset]}}}
+    return {"anyOf": [operand, many, condition]}
+
+
+class TextCondition(Strict):
+    """List columns (genres, attributes): eq = has it, ne = lacks it, in = has any; title: equals."""
+
+    eq: str | None = None
+    ne: str | None = None
+    in_: list[str] | None = Field(None, alias="in", min_length=1)
+
+
+class NumberCondition(Strict):
+    eq: Number | None = None
+    ne: Number | None = None
+    in_: list[Number] | None = Field(None, alias="in", min_length=1)
+    gte: Number | None = None
+    gt: Number | None = None
+    lte: Number | None = None
+    lt: Number | None = None
+
+
+TextFilter = Annotated[TextCondition, BeforeValidator(_as_condition),
+                       WithJsonSchema(_condition_schema({"type": "string"}, orders=False))]
+NumberFilter = Annotated[NumberCondition, BeforeValidator(_as_condition),
+                         WithJsonSchema(_condition_schema({"type": "number"}, orders=True))]
+
+
+class Filters(Strict):
+    """Conditions on the catalogue's columns, all of which must hold; an item without a value in a column (or a
+    catalogue without the column) matches no condition on it. See `service.filters`."""
+
+    genres: TextFilter | None = None
+    attributes: TextFilter | None = None
+    year: NumberFilter | None = None
+    title: TextFilter | None = None
+
+    def conditions(self) -> dict[str, dict[str, Any]]:
+        """``{column: {operator: operand}}`` of the conditions given."""
+        out = {}
+        for column in type(self).model_fields:
+            condition = getattr(self, column)
+            if condition is not None:
+                out[column] = condition.model_dump(by_alias=True, exclude_none=True)
+        return out
+
+
 class RecommendRequest(Strict):
     user_id: UserId | None = Field(None, description="use the stored history when `history` is absent")
     history: list[ItemId] | None = Field(None, max_length=MAX_HISTORY,
@@ -94,6 +158,15 @@ class RecommendRequest(Strict):
     rerank: bool = Field(True, description="rerank the candidates with the bundle's ranker")
     personalize: bool = Field(False, description="PCRec-simple: one gradient step on this history first "
                                                  "(causal models; costs ~10-30 ms)")
+    exclude_items: list[ItemId] | None = Field(None, max_length=MAX_HISTORY, description=(
+        "item ids never to return (ids unknown to the catalogue are ignored and listed in `unknown_items`)"))
+    include_items: list[ItemId] | None = Field(None, max_length=MAX_HISTORY, description=(
+        "an allow-list: return only these items (unknown ids ignored and listed in `unknown_items`)"))
+    filters: Filters | None = Field(None, description=(
+        'conditions on catalogue columns, all of which must hold: `{"genres": ["Comedy"]}` (any of), '
+        '`{"year": {"gte": 1990}}`; operators eq, ne, in, gte, gt, lte, lt; an unknown column, operator or '
+        "operand type is a 422. Candidates are drawn from the eligible items only, so k items come back "
+        "whenever k eligible items (outside an excluded history) exist"))
 
 
 class RecommendedItem(BaseModel):

@@ -17,6 +17,7 @@ def search(
     *,
     exclude: Sequence[np.ndarray] | None = None,
     batch_size: int = 4096,
+    params: faiss.SearchParameters | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` rows of ``index`` for each query, best first: ``(scores (m, k) float32, rows (m, k) int64)``.
 
@@ -24,6 +25,7 @@ def search(
     history. Each batch searches ``k + max(len(exclude))`` candidates and drops the excluded ones, so a row
     is only missed if the index itself missed it. Positions with nothing left to return hold row -1 and
     score -inf. ``k`` is clipped to the index size. On GPU, faiss caps ``k + max(len(exclude))`` at 2048.
+    ``params`` go to every ``index.search`` (an ID selector: `retriever.index.filtered`).
     """
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
@@ -46,24 +48,26 @@ def search(
     for start in range(0, m, batch_size):
         stop = min(start + batch_size, m)
         batch_exclude = None if exclude is None else exclude[start:stop]
-        scores[start:stop], rows[start:stop] = _search_batch(index, q[start:stop], k, batch_exclude, n_rows)
+        scores[start:stop], rows[start:stop] = _search_batch(index, q[start:stop], k, batch_exclude, n_rows,
+                                                                   params)
     return scores, rows
 
 
 def _search_batch(
-    index: faiss.Index, q: np.ndarray, k: int, exclude: Sequence[np.ndarray] | None, n_rows: int
+    index: faiss.Index, q: np.ndarray, k: int, exclude: Sequence[np.ndarray] | None, n_rows: int,
+    params: faiss.SearchParameters | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     b = q.shape[0]
     excluded_keys = _exclusion_keys(exclude, n_rows) if exclude is not None else None
     if excluded_keys is None or excluded_keys.size == 0:
-        scores, rows = index.search(q, k)
+        scores, rows = index.search(q, k, params=params)
         # faiss pads missing results with -1 and -FLT_MAX for inner product; make padding unambiguous.
         scores[rows < 0] = -np.inf
         return scores, rows
 
     # The most rows any one query can lose to exclusion (keys are unique, so duplicates do not count).
     extra = int(np.bincount(excluded_keys // n_rows, minlength=b).max())
-    scores, rows = index.search(q, min(k + extra, n_rows))
+    scores, rows = index.search(q, min(k + extra, n_rows), params=params)
     # Membership test for the whole batch at once: encode (query, row) as query * n_rows + row, then one
     # sorted search against the sorted excluded keys. Padding (-1) gets key -1, which matches nothing.
     keys = np.where(rows >= 0, np.arange(b, dtype=np.int64)[:, None] * n_rows + rows, -1)

@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 
 from service.answer import answer
 from service.deps import StateDep
+from service.filters import FilterError
 from service.recommend import NeedsCausalModel
 from service.schemas import INVALID, STORE_DOWN, TOO_LARGE, UNREADABLE, RecommendRequest, RecommendResponse
 
@@ -25,3 +26,6 @@ async def recommend(body: RecommendRequest, s: StateDep) -> dict[str, Any]:
     except NeedsCausalModel as err:  # a field error like any other 422
         raise RequestValidationError([{"loc": ("body", "personalize"), "type": "value_error",
                                        "msg": str(err)}]) from None
+    except FilterError as err:
+        raise RequestValidationError([{"loc": ("body", *err.field.split(".")), "type": "value_error",
+                                       "msg": err.message}]) from None

@@ -1,0 +1,141 @@
+"""`seqrec recommend`: the precomputed lists are what a real server answers for the same histories; shards
+concatenate to the whole; Redis lists are written and expire; bad arguments are one-line errors."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from offline.cli import main as seqrec
+from tests.service.support import SHARED_REDIS, Server, listening, prepare_synthetic, serving, train_bundle
+
+FILTERS = {"year": {"gte": 1990}, "genres": {"ne": "Drama"}}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("batch")
+    data = prepare_synthetic(root / "data")
+    return data, train_bundle(data, root / "bundle", seed=3)
+
+
+@pytest.fixture(scope="module")
+def server(tiny: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(tmp_path_factory.mktemp("batch-api"), artifacts=str(tiny[1])) as running:
+        yield running
+
+
+def _run(tiny: tuple[Path, Path], out: Path, *extra: str) -> dict[str, Any]:
+    data, bundle = tiny
+    assert seqrec(["recommend", "--artifact", str(bundle), "--data", str(data), "--out", str(out), "--threads", "1",
+                   "-q", *extra]) == 0
+    return {u: rows for u, rows in _lists(out).items()}
+
+
+def _lists(path: Path) -> dict[str, list[tuple[str, float]]]:
+    table = pq.read_table(path).to_pylist()
+    lists: dict[str, list[tuple[str, float]]] = {}
+    for row in table:
+        assert row["rank"] == len(lists.setdefault(row["user_id"], [])) + 1
+        lists[row["user_id"]].append((row["item_id"], row["score"]))
+    return lists
+
+
+def _histories(data: Path) -> dict[str, list[str]]:
+    table = pq.read_table(data / "sequences.parquet")
+    return dict(zip(table.column("user_id").to_pylist(), table.column("items").to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("extra", [[], ["--stage", "retriever"], ["--filters", json.dumps(FILTERS)]],
+                         ids=["two-stage", "retriever", "filtered"])
+def test_lists_equal_what_the_server_answers(tiny: tuple[Path, Path], server: Server, tmp_path: Path,
+                                             extra: list[str]) -> None:
+    lists = _run(tiny, tmp_path / "recs.parquet", "--all", "--k", "10", "--batch-size", "64", *extra)
+    histories = _histories(tiny[0])
+    assert set(lists) == set(histories)
+    body: dict[str, Any] = {"k": 10}
+    if "retriever" in extra:
+        body["rerank"] = False
+    if "--filters" in extra:
+        body["filters"] = FILTERS
+    with server.client() as client:
+        for user, history in histories.items():
+            items = client.post("/recommend", json={**body, "history": history}).json()["items"]
+            served = [(item["item_id"], item["score"]) for item in items]
+            assert [i for i, _ in lists[user]] == [i for i, _ in served], user
+            assert [s for _, s in lists[user]] == pytest.approx([s for _, s in served], rel=1e-5, abs=1e-6)
+
+
+def test_shards_concatenate_to_the_whole(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    whole = _run(tiny, tmp_path / "all.parquet", "--all", "--k", "5")
+    parts = [_run(tiny, tmp_path / f"part{i}.parquet", "--all", "--k", "5", "--shard", f"{i}/3") for i in range(3)]
+    assert sum(len(p) for p in parts) == len(whole)
+    assert all(parts)  # every shard got some of the 150 users
+    merged = {u: rows for p in parts for u, rows in p.items()}
+    assert merged.keys() == whole.keys()
+    for user, rows in whole.items():
+        assert [i for i, _ in merged[user]] == [i for i, _ in rows]
+        assert [s for _, s in merged[user]] == pytest.approx([s for _, s in rows], rel=1e-5, abs=1e-6)
+
+
+def test_users_file_picks_users_in_its_order(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    users = list(_histories(tiny[0]))[5:9][::-1]
+    (tmp_path / "users.txt").write_text("\n".join([*users, users[0]]) + "\n")
+    out = tmp_path / "some.parquet"
+    _run(tiny, out, "--users", str(tmp_path / "users.txt"), "--k", "3")
+    assert list(dict.fromkeys(pq.read_table(out).column("user_id").to_pylist())) == users
+
+
+def test_redis_lists_are_written_and_expire(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    if not listening(6379):
+        pytest.skip("no Redis listening on 127.0.0.1:6379")
+    prefix = f"seqrec-test:{uuid.uuid4().hex}:"
+    lists = _run(tiny, tmp_path / "recs.parquet", "--all", "--k", "4", "--redis-url", SHARED_REDIS,
+                 "--redis-prefix", prefix, "--ttl", "2")
+    with redis.Redis.from_url(SHARED_REDIS) as client:
+        try:
+            for user, rows in lists.items():
+                stored = json.loads(client.get(f"{prefix}recs:{user}"))
+                assert [(i["item_id"], i["score"]) for i in stored["items"]] == rows
+                assert 0 < client.pttl(f"{prefix}recs:{user}") <= 2000
+            time.sleep(2.2)
+            assert not list(client.scan_iter(match=f"{prefix}*", count=1000))
+        finally:
+            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+            if keys:
+                client.delete(*keys)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--all", "--shard", "3/3"], "--shard 3/3"),
+    (["--all", "--shard", "x"], "--shard must look like I/N"),
+    (["--all", "--k", "0"], "--k must be >= 1"),
+    (["--all", "--ttl", "5"], "--ttl needs --redis-url"),
+    (["--all", "--filters", "{year"], "--filters is not valid JSON"),
+    (["--all", "--filters", '{"colour": "red"}'], "--filters: filters.colour: Extra inputs are not permitted"),
+    (["--all", "--filters", '{"year": {"near": 1}}'], "filters.year.near"),
+    (["--all", "--filters", '{"year": {"gte": "x"}}'], "filters.year.gte"),
+    (["--users", "USERS"], "are not in"),
+    (["--all", "--redis-url", "redis://127.0.0.1:1/0"], "cannot reach Redis"),
+])
+def test_bad_arguments_are_one_line_errors(tiny: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           args: list[str], message: str) -> None:
+    (tmp_path / "users.txt").write_text("no-such-user\n")
+    args = [str(tmp_path / "users.txt") if a == "USERS" else a for a in args]
+    data, bundle = tiny
+    out = tmp_path / "recs.parquet"
+    assert seqrec(["recommend", "--artifact", str(bundle), "--data", str(data), "--out", str(out), *args]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("seqrec: error:")
+    assert message in err[0]
+    assert not out.exists()
+    assert not list(tmp_path.glob(".recs.parquet.*"))  # no temporary file left behind
