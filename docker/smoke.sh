@@ -11,7 +11,7 @@
 # 3. builds seqrec:cpu from docker/Dockerfile on that base, with torch from a local wheel when
 #    pip's find-links folder has the CPU wheel (copied into docker/wheels/), else from the index;
 # 4. `docker compose up` with docker-compose.yml plus docker/compose.local.yml (host network;
-#    ports below), the trainer on configs/pipeline/demo.yaml;
+#    ports below), the trainer on configs/pipeline/smoke.yaml (the demo, 3 epochs per retriever);
 # 5. waits for a 200 from POST /recommend through the lb, sends POST /events through it, checks
 #    that /readyz reports a reachable Redis; 6. `docker compose down -v`.
 # Each step prints its time; the first failure stops the run (exit 1) with the containers' logs.
@@ -23,7 +23,8 @@
 # SEQREC_SMOKE_REDIS_PORT (16380), SEQREC_SMOKE_PROJECT (compose project, seqrec-smoke),
 # SEQREC_SMOKE_BASE (force a base image), SEQREC_SMOKE_LOCAL=1 (build the local images even if
 # the official ones could be pulled), SEQREC_SMOKE_RATE / _DURATION (50 r/s, 30 s),
-# SEQREC_SMOKE_NOTE (what else ran on the machine: goes into the result file).
+# SEQREC_SMOKE_NOTE (what else ran on the machine: goes into the result file),
+# SEQREC_SMOKE_PIPELINE_CONFIG (the trainer's config; configs/pipeline/demo.yaml for the full demo).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -34,7 +35,7 @@ for arg in "$@"; do
     case "$arg" in
         --measure) MEASURE=1 ;;
         --keep) KEEP=1 ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "smoke: unknown argument $arg (--measure, --keep)" >&2; exit 2 ;;
     esac
 done
@@ -42,7 +43,7 @@ done
 export SEQREC_SMOKE_PORT=${SEQREC_SMOKE_PORT:-18080}
 export SEQREC_SMOKE_API_PORT=${SEQREC_SMOKE_API_PORT:-18081}
 export SEQREC_SMOKE_REDIS_PORT=${SEQREC_SMOKE_REDIS_PORT:-16380}
-export SEQREC_PIPELINE_CONFIG=configs/pipeline/demo.yaml
+export SEQREC_PIPELINE_CONFIG=${SEQREC_SMOKE_PIPELINE_CONFIG:-configs/pipeline/smoke.yaml}
 export COMPOSE_PROJECT_NAME=${SEQREC_SMOKE_PROJECT:-seqrec-smoke}
 LB=http://127.0.0.1:$SEQREC_SMOKE_PORT
 LOCAL_BASE=local/bookworm-py
@@ -271,7 +272,7 @@ measure() {
     cat "$WORK/stats.tsv"
     PYTHONPATH=$REPO OMP_NUM_THREADS=1 "${SEQREC_SMOKE_PYTHON:-$REPO/.venv/bin/python}" -m offline.bench.docker_smoke \
         --url "$LB" --items "$WORK/items.txt" --times "$TIMES" --stats "$WORK/stats.tsv" \
-        --image-size "$(awk '{ print $2 }' "$WORK/image-size")" --base "$BASE" \
+        --image-size "$(awk '{ print $2 }' "$WORK/image-size")" --base "$BASE" --pipeline-config "$SEQREC_PIPELINE_CONFIG" \
         --rate "${SEQREC_SMOKE_RATE:-50}" --duration "${SEQREC_SMOKE_DURATION:-30}" \
         --note "${SEQREC_SMOKE_NOTE:-}" --out docs/results/docker/smoke.json
 }
@@ -290,7 +291,7 @@ if [ "$OFFICIAL" = 0 ]; then
 fi
 step "build seqrec:cpu" build_image
 step "lb config" nginx_conf
-step "compose up (trains the demo)" compose_up
+step "compose up (the trainer runs first)" compose_up
 step "first 200 from POST /recommend through the lb" first_recommend
 step "POST /events through the lb" events
 step "/readyz reports Redis" readyz

@@ -80,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stats", type=Path, required=True, help="docker stats: name<TAB>usage<TAB>cpu")
     parser.add_argument("--image-size", type=int, required=True, help="seqrec:cpu's size in bytes")
     parser.add_argument("--base", required=True, help="the base image the CPU image was built on")
+    parser.add_argument("--pipeline-config", required=True, help="the trainer's pipeline config")
     parser.add_argument("--rate", type=float, default=50.0, help="requests per second (open loop)")
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds (after 2 s of warm-up)")
     parser.add_argument("--note", default="", help="what else ran on the machine meanwhile")
@@ -96,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "docker/smoke.sh --measure",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "base_image": args.base,
-        "pipeline_config": "configs/pipeline/demo.yaml",
+        "pipeline_config": args.pipeline_config,
         "image": {"name": "seqrec:cpu", "size_bytes": args.image_size, "size_mib": round(args.image_size / 2**20, 1)},
         "step_seconds": read_times(args.times),
         "containers": read_stats(args.stats),
