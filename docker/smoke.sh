@@ -16,8 +16,9 @@
 #    that /readyz reports a reachable Redis; 6. `docker compose down -v`.
 # Each step prints its time; the first failure stops the run (exit 1) with the containers' logs.
 # --measure: builds the image without the cache, and after step 5 takes `docker stats` and the
-# api's latency at 50 r/s through the lb (offline/bench/docker_smoke.py, with SEQREC_SMOKE_PYTHON,
-# default .venv/bin/python), written to docs/results/docker/smoke.json. --keep: no `down -v`.
+# api's latency at 50 r/s through the lb, then straight to the api (offline/bench/docker_smoke.py,
+# run by SEQREC_SMOKE_PYTHON, default .venv/bin/python), into docs/results/docker/smoke.json.
+# --keep: leaves the stack up (no `down -v`).
 #
 # Environment: SEQREC_SMOKE_PORT (lb, 18080), SEQREC_SMOKE_API_PORT (18081),
 # SEQREC_SMOKE_REDIS_PORT (16380), SEQREC_SMOKE_PROJECT (compose project, seqrec-smoke),
@@ -35,7 +36,7 @@ for arg in "$@"; do
     case "$arg" in
         --measure) MEASURE=1 ;;
         --keep) KEEP=1 ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "smoke: unknown argument $arg (--measure, --keep)" >&2; exit 2 ;;
     esac
 done
@@ -271,7 +272,7 @@ measure() {
         $("${COMPOSE[@]}" ps -q) > "$WORK/stats.tsv" || return 1
     cat "$WORK/stats.tsv"
     PYTHONPATH=$REPO OMP_NUM_THREADS=1 "${SEQREC_SMOKE_PYTHON:-$REPO/.venv/bin/python}" -m offline.bench.docker_smoke \
-        --url "$LB" --items "$WORK/items.txt" --times "$TIMES" --stats "$WORK/stats.tsv" \
+        --url "$LB" --direct-url "http://127.0.0.1:$SEQREC_SMOKE_API_PORT" --items "$WORK/items.txt" --times "$TIMES" --stats "$WORK/stats.tsv" \
         --image-size "$(awk '{ print $2 }' "$WORK/image-size")" --base "$BASE" --pipeline-config "$SEQREC_PIPELINE_CONFIG" \
         --rate "${SEQREC_SMOKE_RATE:-50}" --duration "${SEQREC_SMOKE_DURATION:-30}" \
         --note "${SEQREC_SMOKE_NOTE:-}" --out docs/results/docker/smoke.json

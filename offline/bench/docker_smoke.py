@@ -4,7 +4,8 @@ The smoke script has brought the stack up (docker-compose.yml plus docker/compos
 hands this module what it measured itself: each step's seconds (including the seconds from
 `docker compose up` to the first 200 from POST /recommend), `docker stats --no-stream` of every
 container and the image's size. This module offers POST /recommend through the lb at ``--rate``
-for ``--duration`` seconds with the open-loop client (`offline.bench.load.run_load`; histories of
+for ``--duration`` seconds, then the same straight to the api (``--direct-url``, the reference
+without nginx), with the open-loop client (`offline.bench.load.run_load`; histories of
 catalogue items from the running bundle) and writes everything, with the machine's load and core
 count, to ``--out`` (docs/results/docker/smoke.json).
 
@@ -75,6 +76,7 @@ def machine() -> dict[str, Any]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m offline.bench.docker_smoke", description=__doc__.split("\n")[0])
     parser.add_argument("--url", required=True, help="the lb, e.g. http://127.0.0.1:18080")
+    parser.add_argument("--direct-url", help="the api itself (the same load, without the lb, right after)")
     parser.add_argument("--items", type=Path, required=True, help="catalogue item ids, one a line")
     parser.add_argument("--times", type=Path, required=True, help="the smoke's step<TAB>seconds file")
     parser.add_argument("--stats", type=Path, required=True, help="docker stats: name<TAB>usage<TAB>cpu")
@@ -93,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     items = np.asarray([line.strip() for line in args.items.read_text().splitlines() if line.strip()])
     payloads = payloads_from_catalogue(items, 200, min_len=20, max_len=50, seed=0, k=10)
     load = run_load(args.url, payloads, args.rate, args.duration, warmup_s=2.0, label="through the lb")
+    direct = None if args.direct_url is None else \
+        run_load(args.direct_url, payloads, args.rate, args.duration, warmup_s=2.0, label="direct to the api")
     result = {
         "command": "docker/smoke.sh --measure",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -104,13 +108,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load": {"route": "POST /recommend through the lb (nginx), loopback",
                  "payloads": "200 histories of 20-50 catalogue items, k=10, the bundle's depth and ranker",
                  **load.to_dict()},
+        "load_direct": None if direct is None else {"route": "POST /recommend to the api's own port, right after",
+                                                    **direct.to_dict()},
         "machine": machine(),
         "note": args.note,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out, lambda tmp: tmp.write_text(json.dumps(result, indent=2) + "\n"))
-    print(json.dumps({"p99_ms": load.p99_ms, "p50_ms": load.p50_ms, "ok": load.ok, "errors": load.errors}))
-    return 0 if load.errors == 0 and load.ok > 0 else 1
+    runs = [run for run in (load, direct) if run is not None]
+    for run in runs:
+        print(json.dumps({"label": run.label, "p50_ms": run.p50_ms, "p99_ms": run.p99_ms, "ok": run.ok,
+                          "errors": run.errors}))
+    return 0 if all(run.errors == 0 and run.ok > 0 for run in runs) else 1
 
 
 if __name__ == "__main__":
