@@ -76,7 +76,8 @@ def test_smoke_script_parses_and_refuses_unknown_arguments():
     assert done.returncode == 2
     assert "unknown argument --bogus" in done.stderr
     helped = subprocess.run([str(SMOKE), "--help"], capture_output=True, text=True, timeout=30, check=False)
-    assert helped.returncode == 0 and "docker compose" in helped.stdout
+    assert helped.returncode == 0
+    assert "docker compose" in helped.stdout
 
 
 @pytest.mark.docker
