@@ -81,6 +81,7 @@ def test_smoke_script_parses_and_refuses_unknown_arguments():
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(3600)  # a first run builds the images and trains: tens of minutes
 def test_smoke_brings_the_stack_up_and_down():
     if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True,
                                                          timeout=60, check=False).returncode != 0:
