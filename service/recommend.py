@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ranker.artifact import RankerArtifact
+from ranker.cooc import cooc_top, recent_items, union
 from ranker.features import TorchTables, compute_features
 from retriever.artifact import RetrieverArtifact
 from retriever.errors import SeqrecError
@@ -80,6 +81,7 @@ def recommend_batch(bundle: B, queries: Sequence[Query], *, beta: float = 1e-5, 
     user = _user_vectors(bundle, history, queries, beta=beta, steps=steps)
     t1 = time.perf_counter()
     candidates, scores = _retrieve(bundle, user, queries)
+    candidates, scores = _second_source(bundle, history, user, candidates, scores, queries)
     t2 = time.perf_counter()
     final, reranked = _rerank(bundle, history, user, candidates, scores, queries)
     t3 = time.perf_counter()
@@ -121,8 +123,7 @@ def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Que
 def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
     """(B, depth) candidate internal ids (0 = none) and their retrieval scores (-inf = none)."""
     depth = min(max(max(q.candidates, q.k) for q in queries), bundle.n_items)
-    exclude = [np.array(sorted({*(q.history if q.exclude_seen else ()), *q.exclude}), dtype=np.int64) - 1
-               for q in queries]
+    exclude = [_excluded(q) - 1 for q in queries]
     assert bundle.artifact.index is not None  # load_bundle always loads it
     scores, rows = search(bundle.artifact.index, user.numpy(), depth, exclude=exclude)
     candidates = np.where(rows >= 0, rows + 1, 0)
@@ -130,6 +131,33 @@ def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) ->
         n = max(q.candidates, q.k)
         candidates[i, n:] = 0
         scores[i, n:] = -np.inf
+    return candidates, scores
+
+
+def _excluded(query: Query) -> np.ndarray:
+    """The internal ids a query must never get back: its history under exclude_seen, and its own exclusions."""
+    return np.array(sorted({*(query.history if query.exclude_seen else ()), *query.exclude}), dtype=np.int64)
+
+
+def _second_source(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candidates: np.ndarray,
+                   scores: np.ndarray, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates of the rows the ranker scores, merged with the co-occurrence source's list when
+    the ranker was trained on that union (`ranker.cooc.union`, as mining and evaluation merge)."""
+    ranker = bundle.ranker
+    share = None if ranker is None else ranker.cooc_share
+    rows = [i for i, q in enumerate(queries) if q.rerank] if share is not None else []
+    if not rows:
+        return candidates, scores
+    assert ranker is not None
+    assert ranker.cooc is not None
+    assert share is not None
+    depth = np.array([min(max(queries[i].candidates, queries[i].k), candidates.shape[1]) for i in rows])
+    found, _ = cooc_top(ranker.cooc, recent_items(history[rows].numpy(), ranker.cooc.last),
+                        [_excluded(queries[i]) for i in rows], int(depth.max()))
+    merged, merged_scores = union(candidates[rows], np.where(candidates[rows] > 0, scores[rows], 0.0), found,
+                                  user[rows].numpy(), bundle.vectors.numpy(), depth, share)
+    candidates[rows] = merged
+    scores[rows] = np.where(merged > 0, merged_scores, -np.inf)
     return candidates, scores
 
 
@@ -144,6 +172,7 @@ def _rerank(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candida
         with torch.inference_mode():
             cand = torch.from_numpy(candidates[rerank])
             batch = compute_features(bundle.tables, bundle.vectors, history[rerank], user[rerank], cand,
-                                     torch.from_numpy(np.where(cand.numpy() > 0, scores[rerank], 0.0)))
+                                     torch.from_numpy(np.where(cand.numpy() > 0, scores[rerank], 0.0)),
+                                     extras=bundle.ranker.extras)
             final[rerank] = bundle.ranker.ranker.score(batch).double().numpy()
     return final, set(rerank)
