@@ -49,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     record = {"data": str(args.data), "depth": args.depth, "last": LAST, "command": command, "rows": rows}
     atomic_write(args.out.with_suffix(".json"), lambda f: f.write_text(json.dumps(record, indent=2) + "\n"))
     best = max(rows, key=lambda r: float(r[f"valid_recall@{args.depth}"]))
-    table = markdown_table(["window", "decay", f"valid recall@{args.depth}"],
+    text = markdown_table(["window", "decay", f"valid recall@{args.depth}"],
                            [[r["window"], r["decay"], f"{r[f'valid_recall@{args.depth}']:.4f}"
                              + (" (best)" if r is best else "")] for r in rows])
     text = (f"Co-occurrence source alone, validation only, {args.data}; the newest {LAST} history items. "
-            f"Reproduce: `{command}`.\n\n{table}\n")
+            f"Reproduce: `{command}`.\n\n{text}\n")
     atomic_write(args.out.with_suffix(".md"), lambda f: f.write_text(text))
     print(text)
     return 0

@@ -42,7 +42,7 @@ VARIANTS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 
 def run_variant(bundle: Path, data_path: Path, mined: Path, kind: str, mining: str, depth: int, share: float,
                 sources: tuple[str, ...], features: tuple[str, ...]) -> dict[str, Any]:
-    config = RankerConfig(kind=kind, mining=mining, depth=depth, sources=sources, cooc_share=share,  # type: ignore[arg-type]
+    config = RankerConfig(kind=kind, mining=mining, depth=depth, sources=sources, cooc_share=share,
                           features=features)
     manifest = train_ranker(bundle, load_prepared(data_path), config, mined_dir=mined)
     metrics = manifest.metrics
