@@ -5,6 +5,9 @@
     ranker/item_tables.npz popularity, known flags, metadata ids, year buckets (allow_pickle=False)
     ranker/mlp.pt | lgbm.txt  torch state_dict (weights_only=True) or LightGBM text model
     ranker/mlp.onnx        the MLP ranker compiled for ONNX Runtime (`ranker.compiled`), when it exports
+    ranker/cooc.npz        the co-occurrence table (`ranker.cooc`), when the ranker's candidate
+                           sources or extra features use it; the manifest's "sources" names the
+                           sources merged into the candidate list (absent: the retriever alone)
 
 The folder is written under a temporary name and renamed into place; a ranker mined
 from another retriever version, or with a different feature list, is refused.
@@ -18,6 +21,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -26,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 
 from ranker.compiled import MLP_FILE, CompiledMLP, write_mlp
+from ranker.cooc import COOC_FILE, CoocTable
+from ranker.extras import EXTRA_FEATURES, Extras
 from ranker.features import DENSE_FEATURES, TABLES_FILE, FeatureBatch, ItemTables, feature_spec
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
@@ -73,6 +79,7 @@ class RankerManifest(BaseModel):
     selection: dict[str, Any] | None = None  # the kinds compared and the one kept
     training: dict[str, Any] | None = None  # seconds and the training curve
     dataset: dict[str, Any] | None = None  # the prepared dataset's path and checksums
+    sources: dict[str, Any] | None = None  # {"names": [...], "cooc_share": s}; None: the retriever alone
     sha256: dict[str, str] = {}
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -86,10 +93,30 @@ class RankerArtifact:
     manifest: RankerManifest
     ranker: Ranker
     tables: ItemTables
+    cooc: CoocTable | None = None
 
     @property
     def kind(self) -> str:
         return str(self.manifest.kind)
+
+    @property
+    def extra_features(self) -> tuple[str, ...]:
+        """The `ranker.extras` columns the ranker reads after the base features (none for older rankers)."""
+        return tuple(self.manifest.features.get("dense", [])[len(DENSE_FEATURES):])
+
+    @property
+    def cooc_share(self) -> float | None:
+        """The co-occurrence source's share of the candidate slots; None when the retriever alone retrieves."""
+        sources = self.manifest.sources or {}
+        return float(sources.get("cooc_share", 0.0)) if "cooc" in sources.get("names", ()) else None
+
+    @cached_property
+    def extras(self) -> Extras | None:
+        """The extra feature columns' inputs (built once per loaded ranker; None without extras)."""
+        if not self.extra_features:
+            return None
+        assert self.cooc is not None  # load_ranker refuses a ranker whose extras lack the table
+        return Extras(self.extra_features, self.cooc.torch())
 
     @property
     def depth(self) -> int:
@@ -101,8 +128,12 @@ class RankerArtifact:
 
 
 def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: RetrieverManifest,
-                 metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> RankerManifest:
-    """Write BUNDLE/ranker/ (replacing an existing one only once the new one is complete)."""
+                 metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+                 cooc: CoocTable | None = None, extra_features: tuple[str, ...] = ()) -> RankerManifest:
+    """Write BUNDLE/ranker/ (replacing an existing one only once the new one is complete).
+
+    cooc: the co-occurrence table, saved when given (the sources and extra features that need it are
+    the caller's ``extra["sources"]`` and ``extra_features``)."""
     tmp = bundle / f".{FOLDER}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -110,10 +141,13 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
         saved = ranker.save(tmp)
         tables.save(tmp / TABLES_FILE)
         files = [*saved["files"], TABLES_FILE, *_write_compiled(tmp, ranker)]
+        if cooc is not None:
+            cooc.save(tmp / COOC_FILE)
+            files.append(COOC_FILE)
         manifest = RankerManifest(
             format=FORMAT, kind=ranker.kind, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             retriever_version=retriever_manifest.version,
-            features=feature_spec(tables, retriever_manifest.dim), config=saved["config"],
+            features=feature_spec(tables, retriever_manifest.dim, extra_features), config=saved["config"],
             metrics=dict(metrics or {}), **dict(extra or {}),
             sha256={name: sha256_file(tmp / name) for name in files},
         )
@@ -174,7 +208,24 @@ def load_ranker(bundle: Path, retriever_manifest: RetrieverManifest) -> RankerAr
         ranker = RANKERS[kind].load(folder, manifest.config)
     except (RuntimeError, OSError, ValueError, KeyError, TypeError) as err:
         raise ArtifactError(folder, f"ranker weights do not load: {str(err).splitlines()[0]}") from None
-    return RankerArtifact(folder, manifest, ranker, tables)
+    return RankerArtifact(folder, manifest, ranker, tables, _load_cooc(folder, manifest, tables.n_items))
+
+
+def _load_cooc(folder: Path, manifest: RankerManifest, n_items: int) -> CoocTable | None:
+    """The co-occurrence table when the ranker's sources or extra features need it (refused when missing)."""
+    needs = "cooc" in (manifest.sources or {}).get("names", ()) or \
+        len(manifest.features.get("dense", [])) > len(DENSE_FEATURES)
+    if not needs:
+        return None
+    if COOC_FILE not in manifest.sha256:
+        raise ArtifactError(folder / MANIFEST, f"uses the co-occurrence source but lists no {COOC_FILE}")
+    try:
+        cooc = CoocTable.load(folder / COOC_FILE)
+    except (OSError, ValueError, KeyError) as err:
+        raise ArtifactError(folder / COOC_FILE, f"unreadable: {err}") from None
+    if cooc.n_items != n_items:
+        raise ArtifactError(folder / COOC_FILE, f"describes {cooc.n_items} items; the ranker has {n_items}")
+    return cooc
 
 
 def _check_lineage(folder: Path, manifest: RankerManifest, retriever_manifest: RetrieverManifest) -> None:
@@ -182,7 +233,10 @@ def _check_lineage(folder: Path, manifest: RankerManifest, retriever_manifest: R
     if manifest.retriever_version != retriever_manifest.version:
         raise ArtifactError(folder, f"was mined from retriever {manifest.retriever_version}, but the bundle "
                             f"holds {retriever_manifest.version}; retrain it with `seqrec train-ranker`")
-    if manifest.features.get("dense") != list(DENSE_FEATURES):
+    dense = manifest.features.get("dense")
+    base = list(DENSE_FEATURES)
+    if not isinstance(dense, list) or dense[: len(base)] != base or \
+            any(name not in EXTRA_FEATURES for name in dense[len(base):]):
         raise ArtifactError(folder, "was trained on another feature list than this version of seqrec computes")
     for name, digest in manifest.sha256.items():
         file = folder / name

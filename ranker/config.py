@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 RankerKind = Literal["auto", "mlp", "lgbm", "none"]
 Mining = Literal["holdout", "direct"]
+Source = Literal["retriever", "cooc"]
+SOURCES: tuple[str, ...] = ("retriever", "cooc")
 # The kinds `train_ranker` fits; "none" exists only for a pipeline that ships the retriever alone.
 TRAINABLE_KINDS: tuple[str, ...] = ("auto", "mlp", "lgbm")
 MINING: tuple[str, ...] = ("holdout", "direct")
@@ -35,10 +37,19 @@ class RankerConfig(BaseModel):
     mining: Mining = "holdout"
     depth: int = 100  # candidates per group (N)
     per_user: int = 3  # training targets per user (the most recent ones); HOLDOUT_PER_USER with holdout
+    # Candidate sources: the retriever's FAISS list alone, or merged with the item-to-item co-occurrence
+    # list (`ranker.cooc.union`: the cooc source is offered round(cooc_share * depth) of the depth slots).
+    sources: tuple[Source, ...] = ("retriever",)
+    cooc_share: float = Field(0.25, ge=0.0, le=1.0)
+    features: tuple[str, ...] = ()  # extra ranker features (`ranker.extras.EXTRA_FEATURES`) after the base ones
 
     @property
     def holdout(self) -> bool:
         return self.mining == "holdout"
+
+    @property
+    def cooc_source(self) -> bool:
+        return "cooc" in self.sources
 
 
 class RankerSection(RankerConfig):
@@ -68,6 +79,7 @@ class MLPConfig:
     epochs: int = 30
     patience: int = 3
     seed: int = 42
+    extra_features: tuple[str, ...] = ()  # `ranker.extras` columns read after the base dense features
 
 
 def ranker_default(name: str) -> Any:

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ranker.extras import Extras, extra_columns
+
 DENSE_FEATURES = (
     "retrieval_score",  # cosine of user and item vectors
     "retrieval_rank",  # log1p of the 0-based rank among the candidates
@@ -184,6 +186,7 @@ def compute_features(
     scores: Tensor,
     *,
     id_mask: Tensor | None = None,
+    extras: Extras | None = None,
 ) -> FeatureBatch:
     """Features for (B, N) candidates of B requests.
 
@@ -220,6 +223,8 @@ def compute_features(
     ]
     dense = torch.stack([c.float() for c in columns], dim=-1)  # (B, N, F)
     dense[..., list(ID_DERIVED)] = dense[..., list(ID_DERIVED)].masked_fill(unknown[..., None], 0.0)
+    if extras is not None and extras.names:
+        dense = torch.cat([dense, extra_columns(extras, history, candidates, unknown)], dim=-1)
     dense = dense * valid[..., None]
     product = (user[:, None, :] * cand_vec).masked_fill(unknown[..., None], 0.0)
     return FeatureBatch(dense, candidates, meta, tables.year_bucket[candidates], user, product)
@@ -290,9 +295,9 @@ def standardize_stats(dense: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     return mean, std
 
 
-def feature_spec(tables: ItemTables, dim: int) -> dict[str, Any]:
+def feature_spec(tables: ItemTables, dim: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """What a ranker was trained on, stored with it and checked at load."""
-    return {"dense": list(DENSE_FEATURES), "id_derived": [DENSE_FEATURES[i] for i in ID_DERIVED],
+    return {"dense": [*DENSE_FEATURES, *extra], "id_derived": [DENSE_FEATURES[i] for i in ID_DERIVED],
             "n_items": tables.n_items, "n_meta": tables.n_meta, "n_year_buckets": tables.n_year_buckets,
             "meta_width": int(tables.meta.shape[1]), "dim": dim, "recent": RECENT, "year_bucket_years": YEAR_BUCKET,
             "pair_window": PAIR_WINDOW}

@@ -39,11 +39,14 @@ DEFAULT_PARAMS: dict[str, Any] = {
 class LGBMRanker:
     kind: ClassVar[str] = "lgbm"
 
-    def __init__(self, booster: lgb.Booster, params: dict[str, Any] | None = None) -> None:
-        if booster.num_feature() != len(DENSE_FEATURES):
-            raise ValueError(f"booster has {booster.num_feature()} features; expected {len(DENSE_FEATURES)}")
+    def __init__(self, booster: lgb.Booster, params: dict[str, Any] | None = None,
+                 extra_features: tuple[str, ...] = ()) -> None:
+        expected = len(DENSE_FEATURES) + len(extra_features)
+        if booster.num_feature() != expected:
+            raise ValueError(f"booster has {booster.num_feature()} features; expected {expected}")
         self.booster = booster
         self.params = dict(params or {})
+        self.extra_features = tuple(extra_features)
 
     def score(self, batch: FeatureBatch) -> Tensor:
         """(B, N) scores; empty candidate slots get -inf."""
@@ -55,22 +58,27 @@ class LGBMRanker:
     def save(self, folder: Path) -> dict[str, Any]:
         text = self.booster.model_to_string(num_iteration=self.booster.best_iteration or None)
         atomic_write(folder / MODEL, lambda p: p.write_text(text))
-        return {"files": [MODEL], "config": {"params": self.params, "best_iteration": self.booster.best_iteration}}
+        config: dict[str, Any] = {"params": self.params, "best_iteration": self.booster.best_iteration}
+        if self.extra_features:  # written only when present: a ranker without extras keeps its old record
+            config["extra_features"] = list(self.extra_features)
+        return {"files": [MODEL], "config": config}
 
     @classmethod
     def load(cls, folder: Path, config: dict[str, Any]) -> LGBMRanker:
         """config: what `save` returned under "config" (the manifest keeps it)."""
-        return cls(lgb.Booster(model_file=str(folder / MODEL)), config.get("params"))
+        return cls(lgb.Booster(model_file=str(folder / MODEL)), config.get("params"),
+                   tuple(config.get("extra_features", ())))
 
 
 def fit_lgbm(
     train_x: np.ndarray, train_y: np.ndarray, train_groups: np.ndarray,
     valid_x: np.ndarray, valid_y: np.ndarray, valid_groups: np.ndarray,
     *, params: dict[str, Any] | None = None, rounds: int = 1000, patience: int = 50,
+    extra_features: tuple[str, ...] = (),
 ) -> tuple[LGBMRanker, list[dict[str, float]]]:
     """x: (rows, F) dense features of valid candidate slots, y: 0/1, groups: sizes in row order."""
     params = {**DEFAULT_PARAMS, **(params or {})}
-    names = list(DENSE_FEATURES)
+    names = [*DENSE_FEATURES, *extra_features]
     train = lgb.Dataset(train_x, train_y, group=train_groups, feature_name=names, free_raw_data=False)
     valid = lgb.Dataset(valid_x, valid_y, group=valid_groups, reference=train, feature_name=names)
     record: dict[str, Any] = {}
@@ -80,4 +88,4 @@ def fit_lgbm(
     )
     curve = record.get("valid", {}).get("ndcg@10", [])
     history = [{"round": i + 1, "valid_ndcg@10_in_candidates": float(v)} for i, v in enumerate(curve)]
-    return LGBMRanker(booster, params), history
+    return LGBMRanker(booster, params, extra_features), history

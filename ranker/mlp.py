@@ -36,7 +36,7 @@ class MLPRanker(nn.Module):
     def __init__(self, config: MLPConfig) -> None:
         super().__init__()
         self.config = config
-        n_dense = len(DENSE_FEATURES)
+        n_dense = len(DENSE_FEATURES) + len(config.extra_features)
         self.id_emb = nn.Embedding(config.n_items + 1, config.id_dim)
         self.unknown = nn.Parameter(torch.zeros(config.id_dim))
         self.meta_emb = nn.Embedding(config.n_meta + 1, config.meta_dim, padding_idx=0)
@@ -87,6 +87,7 @@ class MLPRanker(nn.Module):
         """config: what `save` returned under "config" (the manifest keeps it)."""
         raw = dict(config)
         raw["hidden"] = tuple(raw["hidden"])
+        raw["extra_features"] = tuple(raw.get("extra_features", ()))
         model = cls(MLPConfig(**raw))
         model.load_state_dict(torch.load(folder / WEIGHTS, map_location="cpu", weights_only=True))
         return model.eval()

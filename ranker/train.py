@@ -19,6 +19,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ranker.config import MLPConfig
+from ranker.cooc import CoocTable, cooc_top, recent_items, union
+from ranker.extras import Extras
 from ranker.features import FeatureBatch, TorchTables, compute_features, standardize_stats
 from ranker.lgbm import LGBMRanker, fit_lgbm
 from ranker.mining import Encoder, Mined
@@ -36,6 +38,11 @@ class FeatureSource:
 
     tables: TorchTables
     item_vectors: Tensor  # (n_items + 1, D), row 0 = 0
+    extras: Extras | None = None  # the extra columns the ranker reads (`ranker.extras`)
+
+    @property
+    def extra_features(self) -> tuple[str, ...]:
+        return () if self.extras is None else self.extras.names
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,33 @@ def features(source: FeatureSource, groups: Groups, rows: np.ndarray, id_mask: T
     return compute_features(
         source.tables, source.item_vectors, torch.from_numpy(history[:, -width:]), groups.user[torch.from_numpy(rows)],
         torch.from_numpy(groups.mined.candidates[rows]), torch.from_numpy(groups.mined.scores[rows]), id_mask=id_mask,
+        extras=source.extras,
     )
+
+
+def merge_groups(groups: Groups, items: np.ndarray, cooc: CoocTable, share: float, item_vectors: Tensor, *,
+                 exclude_seen: bool, batch_size: int = 1024) -> Groups:
+    """The groups with their candidates replaced by the union of the retriever's and the co-occurrence
+    source's lists (`ranker.cooc.union`), at the same depth; the service merges the same way.
+
+    items: the flat array the histories are slices of; the exclusion set is the whole history
+    under ``exclude_seen``, as the retriever's search had it. item_vectors: (n_items + 1, D) unit
+    vectors of the retriever that ranked the groups (its user vectors are ``groups.user``).
+    """
+    mined = groups.mined
+    candidates, scores = np.zeros_like(mined.candidates), np.zeros_like(mined.scores)
+    vectors = item_vectors.numpy()
+    depth = np.full(batch_size, mined.depth)
+    for lo in tqdm(range(0, len(groups), batch_size), desc="merge sources", unit="batch", disable=None, leave=False):
+        rows = np.arange(lo, min(lo + batch_size, len(groups)))
+        exclude = [items[s:e] if exclude_seen else items[s:s] for s, e in zip(mined.start[rows], mined.end[rows],
+                                                                             strict=True)]
+        found, _ = cooc_top(cooc, recent_items(groups.history[rows], cooc.last), exclude, mined.depth)
+        candidates[rows], scores[rows] = union(mined.candidates[rows], mined.scores[rows], found,
+                                               groups.user[torch.from_numpy(rows)].numpy(), vectors,
+                                               depth[: len(rows)], share)
+    merged = Mined(mined.start, mined.end, mined.target, candidates, scores)
+    return Groups(merged, groups.history, groups.user)
 
 
 def group_ranks(scorer: Scorer, source: FeatureSource, groups: Groups, n_items: int, *, mask_ids: bool = False,
@@ -200,10 +233,12 @@ def fit_lgbm_ranker(source: FeatureSource, train: Groups, valid: Groups, *, para
     tx, ty, tg = lgbm_matrix(train_source or source, train)
     vx, vy, vg = lgbm_matrix(source, valid)
     log.info("LightGBM on %d training groups (%d rows), %d validation groups", len(tg), len(tx), len(vg))
-    return fit_lgbm(tx, ty, tg, vx, vy, vg, params=params, rounds=rounds, patience=patience)
+    return fit_lgbm(tx, ty, tg, vx, vy, vg, params=params, rounds=rounds, patience=patience,
+                    extra_features=source.extra_features)
 
 
 def config_for(source: FeatureSource, dim: int, n_items: int, **overrides: Any) -> MLPConfig:
     tables = source.tables
-    base = MLPConfig(n_items=n_items, n_meta=tables.n_meta, n_year_buckets=int(tables.year_bucket.max()), dim=dim)
+    base = MLPConfig(n_items=n_items, n_meta=tables.n_meta, n_year_buckets=int(tables.year_bucket.max()), dim=dim,
+                     extra_features=source.extra_features)
     return replace(base, **overrides)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ranker.artifact import RankerArtifact
+from ranker.cooc import cooc_top, recent_items, union
 from ranker.features import TorchTables, compute_features
 from retriever.artifact import RetrieverArtifact
 from retriever.errors import SeqrecError
@@ -85,6 +86,7 @@ def recommend_batch(bundle: B, queries: Sequence[Query], *, beta: float = 1e-5, 
     user = _user_vectors(bundle, history, queries, beta=beta, steps=steps)
     t1 = time.perf_counter()
     candidates, scores = _retrieve(bundle, user, queries)
+    candidates, scores = _second_source(bundle, history, user, candidates, scores, queries)
     t2 = time.perf_counter()
     final, reranked = _rerank(bundle, history, user, candidates, scores, queries)
     t3 = time.perf_counter()
@@ -124,8 +126,7 @@ def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Que
 def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
     """(B, depth) candidate internal ids (0 = none) and their retrieval scores (-inf = none)."""
     depth = min(max(max(q.candidates, q.k) for q in queries), bundle.n_items)
-    exclude = [np.array(sorted({*(q.history if q.exclude_seen else ()), *q.exclude}), dtype=np.int64) - 1
-               for q in queries]
+    exclude = [_excluded(q) - 1 for q in queries]
     scores, rows = _search(bundle, user.numpy(), depth, exclude, queries)
     candidates = np.where(rows >= 0, rows + 1, 0)
     for i, q in enumerate(queries):  # each request keeps its own retrieval depth
@@ -157,6 +158,38 @@ def _search(bundle: Servable, user: np.ndarray, depth: int, exclude: list[np.nda
     return scores, rows
 
 
+def _excluded(query: Query, *, eligible: bool = False) -> np.ndarray:
+    """The internal ids a query must never get back: its history under exclude_seen, and its own exclusions;
+    with ``eligible``, also every item outside its allow-list (the business filters), for a source that
+    cannot take the allow-list itself."""
+    banned = np.array(sorted({*(query.history if query.exclude_seen else ()), *query.exclude}), dtype=np.int64)
+    if eligible and query.allowed is not None:
+        banned = np.union1d(banned, np.flatnonzero(~query.allowed) + 1)
+    return banned
+
+
+def _second_source(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candidates: np.ndarray,
+                   scores: np.ndarray, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates of the rows the ranker scores, merged with the co-occurrence source's list when
+    the ranker was trained on that union (`ranker.cooc.union`, as mining and evaluation merge)."""
+    ranker = bundle.ranker
+    share = None if ranker is None else ranker.cooc_share
+    rows = [i for i, q in enumerate(queries) if q.rerank] if share is not None else []
+    if not rows:
+        return candidates, scores
+    assert ranker is not None
+    assert ranker.cooc is not None
+    assert share is not None
+    depth = np.array([min(max(queries[i].candidates, queries[i].k), candidates.shape[1]) for i in rows])
+    found, _ = cooc_top(ranker.cooc, recent_items(history[rows].numpy(), ranker.cooc.last),
+                        [_excluded(queries[i], eligible=True) for i in rows], int(depth.max()))
+    merged, merged_scores = union(candidates[rows], np.where(candidates[rows] > 0, scores[rows], 0.0), found,
+                                  user[rows].numpy(), bundle.vectors.numpy(), depth, share)
+    candidates[rows] = merged
+    scores[rows] = np.where(merged > 0, merged_scores, -np.inf)
+    return candidates, scores
+
+
 def _rerank(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candidates: np.ndarray, scores: np.ndarray,
             queries: Sequence[Query]) -> tuple[np.ndarray, set[int]]:
     """(B, depth) final scores (the retrieval scores where nothing reranks) and the rows the ranker scored."""
@@ -168,6 +201,7 @@ def _rerank(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candida
         with torch.inference_mode():
             cand = torch.from_numpy(candidates[rerank])
             batch = compute_features(bundle.tables, bundle.vectors, history[rerank], user[rerank], cand,
-                                     torch.from_numpy(np.where(cand.numpy() > 0, scores[rerank], 0.0)))
+                                     torch.from_numpy(np.where(cand.numpy() > 0, scores[rerank], 0.0)),
+                                     extras=bundle.ranker.extras)
             final[rerank] = bundle.ranker.ranker.score(batch).double().numpy()
     return final, set(rerank)

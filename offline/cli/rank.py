@@ -6,9 +6,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from offline.cli.common import Subparsers, print_json, set_threads
 from ranker.config import MINING, TRAINABLE_KINDS, RankerConfig, mlp_default, ranker_default
-from retriever.errors import SeqrecError
+from retriever.errors import SeqrecError, validation_message
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names ("" = none)."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
 def _add_inputs(p: argparse.ArgumentParser, *, artifact_help: str, data_help: str) -> None:
@@ -77,6 +84,15 @@ def add_train_ranker_parser(sub: Subparsers, common: argparse.ArgumentParser) ->
                    help="`seqrec mine` output to reuse, or where to mine to (default with holdout: BUNDLE.mining)")
     _add_group_size(p, depth_help="candidates per group when mining (N)",
                     per_user_help="training targets per user when mining")
+    c = p.add_argument_group("candidate sources and extra features")
+    c.add_argument("--sources", type=_names, default=ranker_default("sources"),
+                   help="comma-separated candidate sources: retriever (the FAISS list) and cooc (the item-to-item "
+                   "co-occurrence list of ranker/cooc.py, merged into the same depth)")
+    c.add_argument("--cooc-share", type=float, default=ranker_default("cooc_share"),
+                   help="share of the depth's slots offered to the cooc source (the retriever keeps the rest)")
+    c.add_argument("--features", type=_names, default=ranker_default("features"),
+                   help="comma-separated extra ranker features (ranker/extras.py): cooc_last1, cooc_last3, "
+                   "cooc_last10, cooc_rank, popularity_trend; empty: the base features alone")
     m = p.add_argument_group("MLP ranker")
     m.add_argument("--loss", choices=["listwise", "bce"], default=mlp_default("loss"),
                    help="loss over each candidate group")
@@ -96,7 +112,11 @@ def _train_ranker(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     if not 0.0 <= args.id_dropout < 1.0:
         raise SeqrecError(f"--id-dropout must be in [0, 1), got {args.id_dropout}")
-    config = RankerConfig(kind=args.kind, mining=args.mining, depth=args.depth, per_user=args.per_user)
+    try:
+        config = RankerConfig(kind=args.kind, mining=args.mining, depth=args.depth, per_user=args.per_user,
+                              sources=args.sources, cooc_share=args.cooc_share, features=args.features)
+    except ValidationError as err:
+        raise SeqrecError(validation_message(err)) from None
     data = load_prepared(args.data)
     mlp = {"loss": args.loss, "id_dropout": args.id_dropout, "epochs": args.epochs, "lr": args.lr, "seed": args.seed}
     manifest = train_ranker(args.artifact, data, config, mined_dir=args.mined, mlp=mlp, lgbm={"seed": args.seed})

@@ -22,6 +22,7 @@ from ranker.train import (
     FeatureSource,
     Groups,
     make_groups,
+    merge_groups,
     retriever_ranks,
 )
 from retriever.artifact import RetrieverArtifact
@@ -87,13 +88,14 @@ def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) 
         raise SeqrecError(f"--candidates must be at least {MIN_DEPTH} (the metrics' cut-off), got {depth}")
     if stage == "two-stage":
         assert ranker_artifact is not None
-        source = FeatureSource(ranker_artifact.tables.torch(), source.item_vectors)
+        source = FeatureSource(ranker_artifact.tables.torch(), source.item_vectors, ranker_artifact.extras)
         return _System(artifact, ranker_artifact, source, stage, depth)
     return _System(artifact, None, source, stage, depth)
 
 
 def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) -> dict[str, Groups]:
-    """Each split's retriever top ``depth`` for the history before its target, history excluded (as mined)."""
+    """Each split's candidates for the history before its target, history excluded (as mined): the
+    retriever's top ``depth``, merged with the co-occurrence source's list when the ranker was trained so."""
     split = data.split()
     artifact = system.artifact
     encode, sources = user_encoder(artifact), split_sources(split)
@@ -105,6 +107,12 @@ def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) 
                      depth=system.depth, max_len=artifact.max_len, exclude_seen=artifact.manifest.exclude_seen,
                      desc=f"retrieve {name}")
         groups[name] = make_groups(mined, sources[name], encode, artifact.max_len)
+        share = None if system.ranker is None else system.ranker.cooc_share
+        if share is not None:
+            assert system.ranker is not None
+            assert system.ranker.cooc is not None
+            groups[name] = merge_groups(groups[name], sources[name], system.ranker.cooc, share,
+                                        system.source.item_vectors, exclude_seen=artifact.manifest.exclude_seen)
     return groups
 
 

@@ -22,7 +22,9 @@ from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.jobs.holdout import HOLDOUT, early_stop_positions, train_holdout_retriever, without_early_stop_targets
 from offline.jobs.train import check_catalogue, item_feature_matrix
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
-from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, TRAINABLE_KINDS, RankerConfig
+from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, RankerConfig
+from ranker.cooc import CoocTable
+from ranker.extras import EXTRA_FEATURES, Extras
 from ranker.features import ItemTables
 from ranker.mining import Encoder, Mined, mine, training_groups
 from ranker.train import (
@@ -33,6 +35,7 @@ from ranker.train import (
     fit_mlp,
     group_ranks,
     make_groups,
+    merge_groups,
     ndcg_at,
 )
 from retriever.artifact import RetrieverArtifact, load_artifact
@@ -55,6 +58,18 @@ def item_tables(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -
     if "year" in columns:
         years = np.array([np.nan, *[np.nan if y is None else y for y in data.items.column("year").to_pylist()]],
                          dtype=np.float64)
+    train = _training_positions(split, drop_last)
+    return ItemTables.build(train.offsets, train.items, data.n_items, meta, years)
+
+
+def cooc_table(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> CoocTable:
+    """The co-occurrence source's table from training positions (without each user's last ``drop_last``)."""
+    train = _training_positions(split, drop_last)
+    return CoocTable.build(train.offsets, train.items, data.n_items)
+
+
+def _training_positions(split: LeaveOneOut, drop_last: int) -> Any:
+    """The split's training sequences, less each user's last ``drop_last`` items."""
     train = split.train
     if drop_last:
         keep_len = np.maximum(train.lengths - drop_last, 0)
@@ -62,7 +77,7 @@ def item_tables(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -
         from offline.data.sequences import Sequences
 
         train = Sequences.from_lists(rows)
-    return ItemTables.build(train.offsets, train.items, data.n_items, meta, years)
+    return train
 
 
 def user_encoder(artifact: RetrieverArtifact) -> Encoder:
@@ -192,12 +207,11 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     higher validation NDCG@10; the test split plays no part in the choice.
     """
     started = time.perf_counter()
-    config = config or RankerConfig()
-    if config.kind not in TRAINABLE_KINDS:
-        raise SeqrecError(f"unknown ranker kind {config.kind!r}; choose one of {', '.join(TRAINABLE_KINDS)}")
+    config = checked_config(config or RankerConfig())
     artifact, source = bundle_source(bundle, data)
     mined, miner = _mined_groups(bundle, artifact, data, config, mined_dir)
-    groups, train_source = _ranker_inputs(artifact, data, mined, miner, config)
+    cooc = cooc_table(data, data.split()) if config.cooc_source or config.features else None
+    groups, source, train_source = _ranker_inputs(artifact, data, mined, miner, config, source, cooc)
     fitted: dict[str, tuple[Ranker, list[dict[str, Any]], float]] = {}
     for name in ("lgbm", "mlp") if config.kind == "auto" else (config.kind,):
         fit_start = time.perf_counter()
@@ -218,9 +232,29 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
         "training": {"seconds": round(fit_seconds, 1), "total_seconds": round(time.perf_counter() - started, 1),
                      "history": history},
         "dataset": {"path": str(data.path), "sha256": data.manifest.get("sha256", {})},
+        **sources_record(config, groups),
     }
     return write_ranker(bundle, ranker, item_tables(data, data.split()), retriever_manifest=artifact.manifest,
-                        metrics=metrics, extra=extra)
+                        metrics=metrics, extra=extra, cooc=cooc, extra_features=config.features)
+
+
+def checked_config(config: RankerConfig) -> RankerConfig:
+    """The config, refused when its sources or extra features are ones this version cannot serve."""
+    if "retriever" not in config.sources:
+        raise SeqrecError(f"ranker sources {list(config.sources)} must include the retriever")
+    unknown = [name for name in config.features if name not in EXTRA_FEATURES]
+    if unknown:
+        raise SeqrecError(f"unknown ranker features {unknown}; choose from {', '.join(EXTRA_FEATURES)}")
+    return config
+
+
+def sources_record(config: RankerConfig, groups: dict[str, Groups]) -> dict[str, Any]:
+    """The manifest's "sources" (absent for the retriever alone, as older rankers have it) with the union's recall."""
+    if not config.cooc_source:
+        return {}
+    depth = groups["valid"].mined.depth
+    return {"sources": {"names": list(config.sources), "cooc_share": config.cooc_share,
+                        f"recall@{depth}": {n: round(g.mined.recall(), 6) for n, g in groups.items()}}}
 
 
 def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDataset, config: RankerConfig,
@@ -248,22 +282,43 @@ def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDatas
 
 
 def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: dict[str, Mined],
-                   miner: RetrieverArtifact | None, config: RankerConfig) -> tuple[dict[str, Groups], FeatureSource]:
-    """Every split's groups, and the feature source of the training groups.
+                   miner: RetrieverArtifact | None, config: RankerConfig, source: FeatureSource,
+                   cooc: CoocTable | None) -> tuple[dict[str, Groups], FeatureSource, FeatureSource]:
+    """Every split's groups (merged with the co-occurrence source's list when the config asks), the
+    feature source of the validation and test groups, and that of the training groups.
 
-    A training group's features never count its own target: the statistics come from training
-    positions without each user's last per_user (2 with holdout) items, and with holdout mining
-    the vectors are those of the model that ranked the group.
+    A training group's features and co-occurrence candidates never count its own target: the
+    statistics come from training positions without each user's last per_user (2 with holdout)
+    items, and with holdout mining the vectors are those of the model that ranked the group.
     """
     split = data.split()
     sources = split_sources(split)
     encode = user_encoder(artifact)
-    groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items() if n != "train"}
-    train_tables = item_tables(data, split, drop_last=_per_user(config, miner)).torch()
+    drop = _per_user(config, miner)
+    train_cooc = None if cooc is None else cooc_table(data, split, drop_last=drop)
     trainer = miner or artifact
-    train_source = FeatureSource(train_tables, unit_item_vectors(trainer.model.item_vectors().detach()))
+    source = with_extras(source, config, cooc)
+    train_source = with_extras(FeatureSource(item_tables(data, split, drop_last=drop).torch(),
+                                             unit_item_vectors(trainer.model.item_vectors().detach())),
+                               config, train_cooc)
+    groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items() if n != "train"}
     groups["train"] = make_groups(mined["train"], sources["train"], user_encoder(trainer), trainer.max_len)
-    return groups, train_source
+    if config.cooc_source:
+        for name, g in groups.items():
+            table, vectors = (train_cooc, train_source.item_vectors) if name == "train" else (cooc,
+                                                                                           source.item_vectors)
+            assert table is not None
+            groups[name] = merge_groups(g, sources[name], table, config.cooc_share, vectors,
+                                        exclude_seen=artifact.manifest.exclude_seen)
+    return groups, source, train_source
+
+
+def with_extras(source: FeatureSource, config: RankerConfig, cooc: CoocTable | None) -> FeatureSource:
+    """``source`` computing the config's extra features from ``cooc`` too."""
+    if not config.features:
+        return source
+    assert cooc is not None
+    return FeatureSource(source.tables, source.item_vectors, Extras(tuple(config.features), cooc.torch()))
 
 
 def _fit(name: str, artifact: RetrieverArtifact, data: PreparedDataset, source: FeatureSource,

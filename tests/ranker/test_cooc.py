@@ -1,0 +1,102 @@
+"""The co-occurrence source (`ranker.cooc`) and the extra features (`ranker.extras`) on hand-made data."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ranker.cooc import CoocTable, cooc_top, quota, recent_items, union
+from ranker.extras import NOT_FOUND, Extras, extra_columns
+from ranker.features import DENSE_FEATURES, ItemTables, compute_features
+
+# Two users over items 1..5 (CSR): 1 2 3 | 1 2 4 5
+OFFSETS = np.array([0, 3, 7])
+ITEMS = np.array([1, 2, 3, 1, 2, 4, 5])
+
+
+def _table() -> CoocTable:
+    return CoocTable.build(OFFSETS, ITEMS, n_items=5, top=3, window=2, decay=0.5, last=2)
+
+
+def test_table_holds_lag_weighted_follow_probabilities() -> None:
+    table = _table()
+    # item 1 is followed by 2 at lag 1 twice (weight 2) and by 3 and 4 at lag 2 once each (0.5 + 0.5): total 3
+    assert table.neighbors[1].tolist() == [2, 3, 4]
+    assert table.weights[1].tolist() == pytest.approx([2 / 3, 1 / 6, 1 / 6])
+    # item 2: 3 (lag 1), 4 (lag 1), 5 (lag 2, weight 0.5); ties by id
+    assert table.neighbors[2].tolist() == [3, 4, 5]
+    assert table.weights[2].tolist() == pytest.approx([0.4, 0.4, 0.2])
+    assert table.neighbors[3].tolist() == [0, 0, 0]  # nothing follows 3
+    assert table.neighbors[0].tolist() == [0, 0, 0]
+
+
+def test_table_round_trips_without_pickle(tmp_path: Path) -> None:
+    table = _table()
+    table.save(tmp_path / "cooc.npz")
+    again = CoocTable.load(tmp_path / "cooc.npz")
+    assert np.array_equal(again.neighbors, table.neighbors)
+    assert np.array_equal(again.weights, table.weights)
+    assert (again.decay, again.last) == (0.5, 2)
+
+
+def test_cooc_top_sums_recent_items_with_decay_and_honours_exclusions() -> None:
+    table = _table()
+    recent = recent_items(np.array([[0, 0, 1, 2]]), 2)  # newest is 2
+    assert recent.tolist() == [[1, 2]]
+    ids, scores = cooc_top(table, recent, [np.array([], dtype=np.int64)], k=4)
+    # 3: 0.4 (from 2) + 0.5 * 1/6 (from 1); 4: the same; 2: 0.5 * 2/3; 5: 0.2; ties by id
+    assert ids.tolist() == [[3, 4, 2, 5]]
+    assert scores[0].tolist() == pytest.approx([0.4 + 1 / 12, 0.4 + 1 / 12, 1 / 3, 0.2])
+    ids, _ = cooc_top(table, recent, [np.array([1, 2, 3])], k=4)
+    assert ids.tolist() == [[4, 5, 0, 0]]
+
+
+def test_union_keeps_the_retrievers_head_adds_the_quota_and_refills() -> None:
+    vectors = np.eye(8, 4, dtype=np.float32)[[0, 0, 1, 2, 3, 0, 0, 0]]  # items 1..4 along the axes, 5..7 zero
+    user = np.array([[0.8, 0.6, 0.0, 0.0]], dtype=np.float32)
+    retrieved = np.array([[1, 2, 5, 6]])
+    scores = np.array([[0.8, 0.6, 0.0, 0.0]], dtype=np.float32)
+    assert quota(4, 0.5) == 2
+    # cooc offers 2 (already in the head), 3, 4, 7: the quota of 2 takes 3 and 4
+    ids, merged = union(retrieved, scores, np.array([[2, 3, 4, 7]]), user, vectors, np.array([4]), 0.5)
+    assert sorted(ids[0].tolist()) == [1, 2, 3, 4]
+    assert ids[0, :2].tolist() == [1, 2]  # ordered by retrieval score; 3 and 4 score 0 (their cosine)
+    assert merged[0].tolist() == pytest.approx([0.8, 0.6, 0.0, 0.0])
+    # a cooc list with one new item: the free slot goes back to the retriever's next item (5)
+    ids, _ = union(retrieved, scores, np.array([[1, 3, 0, 0]]), user, vectors, np.array([4]), 0.5)
+    # 3 (cosine 0.0) before 5 (FAISS score 0.0): equal scores keep the merge order (head, cooc items, refill)
+    assert ids[0].tolist() == [1, 2, 3, 5]
+
+
+def test_extra_columns_by_hand_and_batch_independent() -> None:
+    table = _table()
+    extras = Extras(("cooc_last1", "cooc_last3", "cooc_last10", "cooc_rank", "popularity_trend"), table.torch())
+    history = torch.tensor([[0, 1, 2]])
+    candidates = torch.tensor([[3, 5, 1, 0]])
+    unknown = torch.tensor([[False, False, True, True]])
+    out = extra_columns(extras, history, candidates, unknown)
+    assert out.shape == (1, 4, 5)
+    assert out[0, 0, :3].tolist() == pytest.approx([0.4, 0.4 + 0.5 / 6, 0.4 + 0.5 / 6])
+    assert out[0, 1, :3].tolist() == pytest.approx([0.2, 0.2, 0.2])
+    assert out[0, 0, 3] == pytest.approx(0.0)
+    assert out[0, 1, 3] == pytest.approx(np.log1p(1.0))
+    assert out[0, 2, :3].tolist() == [0.0, 0.0, 0.0]
+    assert out[0, 2, 3] == NOT_FOUND
+    assert out[0, 0, 4] == pytest.approx(float(table.trend[3]))
+    # the same user in a wider, padded batch beside another gets the same bits
+    wide = extra_columns(extras, torch.tensor([[0, 0, 0, 1, 2], [1, 2, 4, 5, 3]]),
+                         torch.tensor([[3, 5, 1, 0], [1, 2, 3, 4]]), torch.cat([unknown, torch.zeros(1, 4).bool()]))
+    assert torch.equal(wide[0], out[0])
+
+
+def test_compute_features_appends_extras_after_the_base_columns() -> None:
+    tables = ItemTables.build(OFFSETS, ITEMS, 5).torch()
+    vectors = torch.nn.functional.normalize(torch.randn(6, 4), dim=-1)
+    vectors[0] = 0
+    args = (tables, vectors, torch.tensor([[1, 2]]), vectors[[2]], torch.tensor([[3, 4]]), torch.tensor([[0.5, 0.4]]))
+    base = compute_features(*args)
+    extended = compute_features(*args, extras=Extras(("cooc_rank",), _table().torch()))
+    assert base.dense.shape[-1] == len(DENSE_FEATURES)
+    assert extended.dense.shape[-1] == len(DENSE_FEATURES) + 1
+    assert torch.equal(extended.dense[..., : len(DENSE_FEATURES)], base.dense)
