@@ -44,6 +44,11 @@ class Bundle:
     popular: np.ndarray  # internal ids, most popular first (the cold-start answer)
     popularity: np.ndarray  # (n_items + 1,) training counts (or the ranker's popularity), the fallback's score
     loaded_at: float = field(default_factory=time.time)
+    # Catalogue changes (service/catalog.py): internal ids never to recommend, the journal applied, and the
+    # bundle as loaded from disk that they were applied to (None when this is it).
+    retired: frozenset[int] = frozenset()
+    changes: Any = None
+    base: Bundle | None = None
     # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.
     _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
     popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular

@@ -41,6 +41,8 @@ class Servable(Protocol):
     def max_len(self) -> int: ...
     @property
     def n_items(self) -> int: ...
+    @property
+    def retired(self) -> frozenset[int]: ...  # internal ids never to return (service/catalog.py)
 
 
 B = TypeVar("B", bound=Servable)
@@ -121,8 +123,8 @@ def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Que
 def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
     """(B, depth) candidate internal ids (0 = none) and their retrieval scores (-inf = none)."""
     depth = min(max(max(q.candidates, q.k) for q in queries), bundle.n_items)
-    exclude = [np.array(sorted({*(q.history if q.exclude_seen else ()), *q.exclude}), dtype=np.int64) - 1
-               for q in queries]
+    exclude = [np.array(sorted({*(q.history if q.exclude_seen else ()), *q.exclude, *bundle.retired}),
+                        dtype=np.int64) - 1 for q in queries]
     assert bundle.artifact.index is not None  # load_bundle always loads it
     scores, rows = search(bundle.artifact.index, user.numpy(), depth, exclude=exclude)
     candidates = np.where(rows >= 0, rows + 1, 0)
