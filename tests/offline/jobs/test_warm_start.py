@@ -123,3 +123,38 @@ def test_cold_start_bench_ranks_the_held_out_items_through_the_catalogue_change(
     results = record["results"]
     assert set(results) == {"item features (POST /admin/items)", "random vector", "popularity"}
     assert results["popularity"]["HR@50"] == 0.0  # a new item has no training count: last, behind every tie
+
+
+def test_pipeline_takes_catalogue_changes_into_the_next_training_and_warm_starts(tmp_path: Path) -> None:
+    import yaml
+
+    from service.catalog import JOURNAL, CatalogChanges, load_served, read_journal, write_journal
+
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
+        "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10,
+                  "item_features": "genres"},
+        "train": {"epochs": 2, "batch_size": 64, "seed": 3, "threads": 1}}))
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "tiny", "retriever": "tiny.yaml", "ranker": {"kind": "none"},
+        "data": {"dataset": "synthetic", "synthetic": {"n_users": 150, "n_items": 60, "mean_length": 12, "seed": 1}},
+        "warm_start_overrides": {"train.epochs": 1}}))
+    artifacts = tmp_path / "artifacts"
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "-q"]) == 0
+    first = (artifacts / "current").resolve()
+    write_journal(first, CatalogChanges(added=[{"item_id": "brand-new", "genres": ["Comedy"], "title": "New"}],
+                                        retired=["i1"]))
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "--warm-start", "-q"]) == 0
+    second = (artifacts / "current").resolve()
+    assert second != first
+    record = json.loads((second / "pipeline.json").read_text())
+    assert record["stages"]["train"]["warm_start_from"] == str(first)
+    assert record["stages"]["prepare"]["added_items"] == 1
+    assert json.loads((second / "config.json").read_text())["train"]["epochs"] == 1  # warm_start_overrides
+    served = load_served(second)
+    assert "brand-new" in served.index_of  # trained with the catalogue now, not an addition
+    assert served.index_of["brand-new"] <= load_artifact(second, with_index=False).n_items
+    assert read_journal(second).retired == ["i1"]
+    assert read_journal(second).added == []
+    assert served.index_of["i1"] in served.retired
+    assert (second / JOURNAL).is_file()
