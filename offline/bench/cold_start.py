@@ -16,8 +16,9 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -30,6 +31,7 @@ from offline.evaluation.evaluate import summarize, target_ranks
 from offline.tables import markdown_table
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
+from retriever.model import Retriever
 from service.bundle import Bundle, load_bundle
 from service.catalog import CatalogChanges, apply_changes
 
@@ -55,12 +57,13 @@ def evaluate_main(args: argparse.Namespace) -> int:
     log.info("%d held-out items, %d got vectors; %d test users have one as their target", len(added),
              n - base.n_items, len(users))
     counts = torch.from_numpy(bundle.popularity).float()
-    scorers = {
+    scorers: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "item features (POST /admin/items)": bundle.artifact.model.score,
         "random vector": randomised(bundle, base.n_items, args.seed).score,
         "popularity": lambda h: counts.expand(len(h), -1).clone().index_fill_(1, torch.tensor([0]), -torch.inf),
     }
-    rows, record = [], {"command": command(args), "artifact": str(args.artifact), "split": str(split_dir),
+    rows: list[list[str]] = []
+    record: dict[str, Any] = {"command": command(args), "artifact": str(args.artifact), "split": str(split_dir),
                         "held_out_items": len(added), "items_with_vectors": n - base.n_items,
                         "test_users": len(users), "catalogue_items": n,
                         "model_metrics_on_trained_items": base.artifact.manifest.metrics, "results": {}}
@@ -97,13 +100,13 @@ def cold_users(data: PreparedDataset, bundle: Bundle, held: set[str]) -> tuple[S
     return Sequences.from_lists(histories), targets, users
 
 
-def randomised(bundle: Bundle, n_trained: int, seed: int) -> torch.nn.Module:
+def randomised(bundle: Bundle, n_trained: int, seed: int) -> Retriever:
     """A copy of the bundle's model whose added items have random vectors (ID rows drawn with the spread of
     the trained ID rows, no features) instead of their feature means: the baseline the features must beat."""
     import copy
 
     model = copy.deepcopy(bundle.artifact.model)
-    encoder = model.encoder
+    encoder: Any = model.encoder  # a backbone with item features (the only kind that takes new items)
     with torch.no_grad():
         table = encoder.item_emb.weight
         std = float(table[1 : n_trained + 1].std())
