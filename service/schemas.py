@@ -254,7 +254,8 @@ TOO_LARGE: Responses = {413: {"description": "body over SEQREC_MAX_BODY_BYTES", 
 STORE_DOWN: Responses = {503: {"model": Problem, "headers": {"Retry-After": {"schema": {"type": "integer"}}},
                                 "description": "history store unreachable: nothing was read or stored, retry"}}
 UNKNOWN_ITEM: Responses = {404: {"model": Problem, "description": "the item is not in the served catalogue"}}
-CONFLICT: Responses = {409: {"model": Problem, "description": "the item is already in the catalogue (or added)"}}
+CONFLICT: Responses = {409: {"model": Problem, "description": "an id already in the catalogue (or twice in the "
+                                                              "request), or a column the served catalogue lacks"}}
 JOURNAL_DOWN: Responses = {503: {"model": Problem, "description": "the catalogue journal could not be written: "
                                                                   "nothing changed, retry"}}
 REFUSED: Responses = {409: {"model": Problem, "description": "the new bundle was refused; the old one keeps serving"}}

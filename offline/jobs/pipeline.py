@@ -29,7 +29,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
-from offline.jobs.catalog import carry_retired, served_bundle, take_added_items
 from offline.tables import markdown_table
 from ranker.config import RankerSection
 from retriever.atomic import atomic_write
@@ -228,6 +227,7 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
 def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
     from offline.data.prepare import Filters, prepare_dataset
     from offline.data.readers import ReaderOptions
+    from offline.jobs.catalog import take_added_items
 
     d = config.data
     options = ReaderOptions(path=d.path, synthetic=d.synthetic or None, **d.reader)
@@ -240,6 +240,7 @@ def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str,
 
 def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
     from offline.data.prepared import load_prepared
+    from offline.jobs.catalog import served_bundle
     from offline.jobs.train import train_retriever
     from retriever.artifact import read_manifest
     from retriever.config import load_config
@@ -308,6 +309,8 @@ def _evaluate(run: Run, config: PipelineConfig, threads: int | None) -> dict[str
 
 def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any]:
     """Move the bundle into versions/ (one rename), then rename a new symlink over `current`."""
+    from offline.jobs.catalog import carry_retired
+
     version = str(run.state.stages["train"].info["version"])
     versions = artifacts / VERSIONS
     versions.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 from fastapi import APIRouter, HTTPException
-from fastapi.exceptions import RequestValidationError
 
 from retriever.artifact import CATALOGUE
 from service.bundle import Bundle
@@ -84,22 +83,20 @@ def _commit(bundle: Bundle, changes: CatalogChanges) -> Bundle:
 
 
 def _check_columns(bundle: Bundle, rows: list[dict[str, Any]]) -> None:
-    """422 for duplicate ids in the request and for columns the served catalogue does not have."""
+    """409 for an id twice in the request and for a column the served catalogue does not have: the body is
+    valid, but conflicts with the catalogue being served (whose columns the schema cannot know)."""
     file = bundle.path / CATALOGUE
     columns = set(pq.read_schema(file).names) - {"item_idx", "item_id"} if file.is_file() else set()
-    errors = []
+    problems = []
     seen: set[str] = set()
     for i, row in enumerate(rows):
         if row["item_id"] in seen:
-            errors.append({"loc": ("body", "items", i, "item_id"), "type": "value_error",
-                           "msg": f"item {row['item_id']!r} appears twice in the request"})
+            problems.append(f"items.{i}.item_id: {row['item_id']!r} appears twice in the request")
         seen.add(row["item_id"])
-        for column in sorted(set(row) - {"item_id"} - columns):
-            errors.append({"loc": ("body", "items", i, column), "type": "value_error",
-                           "msg": f"the served catalogue has no column {column!r} (columns: "
-                                  f"{', '.join(sorted(columns)) or 'none'})"})
-    if errors:
-        raise RequestValidationError(errors)
+        problems += [f"items.{i}.{column}: the served catalogue has no column {column!r} (its columns: "
+                     f"{', '.join(sorted(columns)) or 'none'})" for column in sorted(set(row) - {"item_id"} - columns)]
+    if problems:
+        raise HTTPException(409, "; ".join(problems[:10]))
 
 
 def _added(bundle: Bundle, row: dict[str, Any]) -> dict[str, Any]:

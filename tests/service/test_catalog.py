@@ -97,8 +97,8 @@ def test_bad_changes_are_4xx_and_change_nothing(served_copy: Path, tmp_path: Pat
         n = client.get("/readyz").json()["n_items"]
         cases = [
             ({"items": []}, 422),
-            ({"items": [{"item_id": "a", "attributes": ["x"]}]}, 422),  # not a column of this catalogue
-            ({"items": [{"item_id": "a"}, {"item_id": "a"}]}, 422),
+            ({"items": [{"item_id": "a", "attributes": ["x"]}]}, 409),  # not a column of this catalogue
+            ({"items": [{"item_id": "a"}, {"item_id": "a"}]}, 409),
             ({"items": [{"item_id": "a", "genres": "Comedy"}]}, 422),
             ({"items": [{"item_id": "a", "colour": "red"}]}, 422),
             ({"items": [{"item_id": "i1", "genres": ["Comedy"]}]}, 409),  # already in the catalogue
