@@ -75,21 +75,59 @@ def evaluate_main(args: argparse.Namespace) -> int:
         metrics = summarize(ranks, KS)
         record["results"][name] = metrics
         rows.append([name, *(f"{metrics[m]:.4f}" for m in ("HR@10", "NDCG@10", "HR@50", "NDCG@50"))])
+    record["other_test_users"] = side_effects(data, base, bundle, set(held.column("item_id").to_pylist()),
+                                              args.sample, args.seed)
     write_results(out, record, rows)
     return 0
 
 
+def side_effects(data: PreparedDataset, base: Bundle, bundle: Bundle, held: set[str], sample: int,
+                 seed: int) -> dict[str, Any]:
+    """For a sample of the other test users (target a trained item): NDCG@10 before and after the additions,
+    and the share of their top-10 slots the added items take (they are 5% of the catalogue)."""
+    out: dict[str, Any] = {}
+    rows: np.ndarray | None = None
+    for name, served in (("before", base), ("after", bundle)):
+        inputs, targets, users = cold_users(data, served, held, cold=False)  # the same users both times
+        if rows is None:
+            rows = np.sort(np.random.default_rng(seed).choice(len(users), size=min(sample, len(users)),
+                                                              replace=False))
+        inputs, targets = inputs.take(rows), targets[rows]
+        ranks = target_ranks(served.artifact.model.score, inputs, targets, served.n_items, max_len=served.max_len,
+                             exclude_seen=served.exclude_seen, desc=f"other users, {name}")
+        out[name] = {"users": len(rows), **summarize(ranks, (10,))}
+        if name == "after":
+            out["added_share_of_top10"] = round(added_share(served, inputs, base.n_items), 4)
+    out["added_share_of_catalogue"] = round(1 - base.n_items / bundle.n_items, 4)
+    return out
+
+
+def added_share(bundle: Bundle, inputs: Sequences, n_trained: int, k: int = 10) -> float:
+    taken = total = 0
+    with torch.inference_mode():
+        for start in range(0, len(inputs), 512):
+            history = torch.from_numpy(inputs.padded(np.arange(start, min(start + 512, len(inputs)))))
+            scores = bundle.artifact.model.score(history[:, -bundle.max_len :])
+            scores.scatter_(1, history, -torch.inf)
+            top = scores.topk(k, dim=1).indices
+            taken += int((top > n_trained).sum())
+            total += top.numel()
+    return taken / max(total, 1)
+
+
 def command(args: argparse.Namespace) -> str:
     return (f"python -m offline.bench.cold_start evaluate --data {args.data} --split {args.split} "
-            f"--artifact {args.artifact} --out {args.out} --seed {args.seed}")
+            f"--artifact {args.artifact} --out {args.out} --seed {args.seed} --sample {args.sample}")
 
 
-def cold_users(data: PreparedDataset, bundle: Bundle, held: set[str]) -> tuple[Sequences, np.ndarray, np.ndarray]:
-    """The test users of the original data whose test target is a held-out item: their histories (everything
-    before it, in the served catalogue's ids; items it lacks dropped) and targets (0 when it has no vector)."""
+def cold_users(data: PreparedDataset, bundle: Bundle, held: set[str], *, cold: bool = True
+               ) -> tuple[Sequences, np.ndarray, np.ndarray]:
+    """The test users of the original data whose test target is a held-out item (``cold``; else the others):
+    their histories (everything before it, in ``bundle``'s ids; items it lacks dropped) and targets (0 when
+    it has no vector)."""
     seqs = data.sequences
     last = data.item_ids[seqs.items[seqs.offsets[1:] - 1]]
-    users = np.flatnonzero(np.isin(last.astype(str), list(held)))
+    users = np.flatnonzero(np.isin(last.astype(str), list(held)) == cold)
     lookup = np.array([bundle.index_of.get(str(i), 0) for i in data.item_ids], dtype=np.int64)
     lookup[0] = 0
     histories, targets = [], np.zeros(len(users), dtype=np.int64)
@@ -116,15 +154,24 @@ def randomised(bundle: Bundle, n_trained: int, seed: int) -> Retriever:
     return model
 
 
-def write_results(out: Path, record: dict[str, object], rows: list[list[str]]) -> None:
+def write_results(out: Path, record: dict[str, Any], rows: list[list[str]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))
     table = markdown_table(["new items get", "HR@10", "NDCG@10", "HR@50", "NDCG@50"], rows)
     text = (f"# Cold start: items added without retraining\n\n{table}\n\n"
             f"{record['test_users']} test users whose target is one of {record['held_out_items']} held-out items "
             f"({record['items_with_vectors']} with at least one known attribute value), ranked among all "
-            f"{record['catalogue_items']} items. Reproduce: `{record['command']}`\n")
+            f"{record['catalogue_items']} items.{_side_line(record['other_test_users'])} "
+            f"Reproduce: `{record['command']}`\n")
     atomic_write(out / "results.md", lambda p: p.write_text(text))
+
+
+def _side_line(side: dict[str, Any]) -> str:
+    before, after = side["before"], side["after"]
+    return (f" For {after['users']} other test users (a trained item as target), NDCG@10 {before['NDCG@10']:.4f} "
+            f"before the additions and {after['NDCG@10']:.4f} after; the added items take "
+            f"{side['added_share_of_top10']:.1%} of their top-10 slots (they are "
+            f"{side['added_share_of_catalogue']:.1%} of the catalogue).")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -142,7 +189,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--split", required=True, help="the folder `split` wrote")
     e.add_argument("--artifact", required=True, help="a bundle trained on SPLIT/train")
     e.add_argument("--out", required=True, help="results folder (results.json, results.md)")
-    e.add_argument("--seed", type=int, default=0, help="seed of the random-vector baseline")
+    e.add_argument("--seed", type=int, default=0, help="seed of the random-vector baseline and the user sample")
+    e.add_argument("--sample", type=int, default=3000, help="other test users checked for side effects")
     e.set_defaults(handler=evaluate_main)
     return p
 
