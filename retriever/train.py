@@ -181,18 +181,22 @@ def fit(
     progress: bool = True,
     item_features: Tensor | None = None,
     dist: Distributed | None = None,
+    init: Callable[[Retriever], Any] | None = None,
 ) -> FitResult:
     """Train with early stopping on ``validate(model)[SELECTION_METRIC]``; returns the best model.
 
     item_features: (n_items + 1, F) side-feature ids for encoders that take them (config n_features > 0).
     dist: this process's place in a torchrun job (process group already joined); ``validate``
     runs on rank 0 only, and the other ranks get back their last weights, not the best.
+    init: called with the freshly built model before training (a warm start writes its weights).
     """
     device = resolve_device(config, None if dist is None else dist.local_rank)
     torch.manual_seed(config.train.seed)
     model = config.build(n_items)
     if item_features is not None:
         model.encoder.set_item_features(item_features)
+    if init is not None:
+        init(model)
     model = model.to(device)
     max_len = config.max_len(n_items)
     windows = torch.from_numpy(make_windows(train_offsets, train_items, max_len, config.train.windows)).to(device)

@@ -29,11 +29,12 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.base import BaseHTTPMiddleware
 
-from service.bundle import Bundle, load_bundle, resolve_bundle
+from service.bundle import Bundle, resolve_bundle
+from service.catalog import load_served
 from service.deps import State, require_key
 from service.engine import Engine, set_threads
 from service.metrics import Metrics
-from service.routes import admin, events, health, history, items, recommend, web
+from service.routes import admin, catalog, events, health, history, items, recommend, web
 from service.schemas import UNAUTHORIZED
 from service.settings import Settings
 from service.store import StoreUnavailable, make_store
@@ -41,8 +42,8 @@ from service.store import StoreUnavailable, make_store
 log = logging.getLogger("seqrec.service")
 # In the order the routes are matched and documented; `WRITES` need the API key when the service has one.
 ROUTERS = (recommend.router, events.writes, history.router, history.writes, items.router, web.router,
-           health.router, admin.writes)
-WRITES = (events.writes, history.writes, admin.writes)
+           health.router, admin.writes, catalog.writes)
+WRITES = (events.writes, history.writes, admin.writes, catalog.writes)
 
 
 def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None) -> FastAPI:
@@ -74,7 +75,7 @@ async def lifespan(app: FastAPI, *, settings: Settings, metrics: Metrics,
     set_threads(settings.threads)
     if preloaded is None:
         path = resolve_bundle(settings.artifacts)
-        served = await asyncio.to_thread(load_bundle, path, inference=settings.inference, threads=settings.threads)
+        served = await asyncio.to_thread(load_served, path, inference=settings.inference, threads=settings.threads)
     else:
         path, served = preloaded.path, preloaded
     engine = Engine(served, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,

@@ -55,6 +55,11 @@ class Bundle:
     # The compiled encoder (retriever.compiled) when it serves, else None: the model runs eagerly.
     compiled_encoder: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False, compare=False)
     inference: dict[str, str] = field(default_factory=dict, compare=False)  # stage -> "onnx" | "eager"
+    # Catalogue changes (service/catalog.py): internal ids never to recommend, the journal applied, and the
+    # bundle as loaded from disk that they were applied to (None when this is it).
+    retired: frozenset[int] = frozenset()
+    changes: Any = None
+    base: Bundle | None = None
     # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.
     _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
     popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular

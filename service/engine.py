@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from service.bundle import Bundle, Inference, load_bundle
+from service.bundle import Bundle, Inference
+from service.catalog import load_served
 from service.recommend import Query, Result, recommend_batch
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,14 @@ class Engine:
             return old, new
 
 
+    async def update(self, change: Callable[[Bundle], Bundle]) -> tuple[Bundle, Bundle]:
+        """Swap in ``change(served bundle)`` (a catalogue change), serialised with reloads. Returns (old, new)."""
+        async with self._reload_lock:
+            new = await asyncio.to_thread(change, self.bundle)
+            old, self.bundle = self.bundle, new
+            return old, new
+
+
 def set_threads(threads: int) -> None:
     """Threads of the calling thread's torch ops and FAISS searches (OpenMP's count is per calling thread)."""
     import faiss
@@ -129,4 +138,4 @@ def set_threads(threads: int) -> None:
 
 def _load_with_threads(path: Path, threads: int, inference: Inference) -> Bundle:
     set_threads(threads)
-    return load_bundle(path, inference=inference, threads=threads)
+    return load_served(path, inference=inference, threads=threads)

@@ -44,6 +44,8 @@ class Servable(Protocol):
     @property
     def n_items(self) -> int: ...
     def encode(self, history: torch.Tensor) -> torch.Tensor: ...  # (B, T) -> (B, D) float32, not normalised
+    @property
+    def retired(self) -> frozenset[int]: ...  # internal ids never to return (service/catalog.py)
 
 
 B = TypeVar("B", bound=Servable)
@@ -126,7 +128,7 @@ def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Que
 def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
     """(B, depth) candidate internal ids (0 = none) and their retrieval scores (-inf = none)."""
     depth = min(max(max(q.candidates, q.k) for q in queries), bundle.n_items)
-    exclude = [_excluded(q) - 1 for q in queries]
+    exclude = [_excluded(q, bundle.retired) - 1 for q in queries]
     scores, rows = _search(bundle, user.numpy(), depth, exclude, queries)
     candidates = np.where(rows >= 0, rows + 1, 0)
     for i, q in enumerate(queries):  # each request keeps its own retrieval depth
@@ -158,11 +160,13 @@ def _search(bundle: Servable, user: np.ndarray, depth: int, exclude: list[np.nda
     return scores, rows
 
 
-def _excluded(query: Query, *, eligible: bool = False) -> np.ndarray:
-    """The internal ids a query must never get back: its history under exclude_seen, and its own exclusions;
+def _excluded(query: Query, retired: frozenset[int] = frozenset(), *, eligible: bool = False) -> np.ndarray:
+    """The internal ids a query must never get back: its history under exclude_seen, its own exclusions and the
+    catalogue's retired items;
     with ``eligible``, also every item outside its allow-list (the business filters), for a source that
     cannot take the allow-list itself."""
-    banned = np.array(sorted({*(query.history if query.exclude_seen else ()), *query.exclude}), dtype=np.int64)
+    banned = np.array(sorted({*(query.history if query.exclude_seen else ()), *query.exclude, *retired}),
+                      dtype=np.int64)
     if eligible and query.allowed is not None:
         banned = np.union1d(banned, np.flatnonzero(~query.allowed) + 1)
     return banned
@@ -182,7 +186,7 @@ def _second_source(bundle: Servable, history: torch.Tensor, user: torch.Tensor, 
     assert share is not None
     depth = np.array([min(max(queries[i].candidates, queries[i].k), candidates.shape[1]) for i in rows])
     found, _ = cooc_top(ranker.cooc, recent_items(history[rows].numpy(), ranker.cooc.last),
-                        [_excluded(queries[i], eligible=True) for i in rows], int(depth.max()))
+                        [_excluded(queries[i], bundle.retired, eligible=True) for i in rows], int(depth.max()))
     merged, merged_scores = union(candidates[rows], np.where(candidates[rows] > 0, scores[rows], 0.0), found,
                                   user[rows].numpy(), bundle.vectors.numpy(), depth, share)
     candidates[rows] = merged

@@ -262,6 +262,45 @@ class DeleteResponse(BaseModel):
     deleted: bool = Field(description="whether there was a history to delete")
 
 
+class NewItem(Strict):
+    """An item added without retraining; its columns must be columns of the served catalogue."""
+
+    item_id: ItemId
+    title: str | None = Field(None, max_length=1000)
+    year: Count | None = Field(None, ge=0, le=10_000)
+    genres: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] | None = Field(None, max_length=100)
+    attributes: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] | None = Field(
+        None, max_length=100, description="e.g. Beauty's brand and category ids (a model trained with "
+                                          "`model.item_features: attributes` gives the item a vector from them)")
+
+
+class AddItemsRequest(Strict):
+    items: list[NewItem] = Field(min_length=1, max_length=MAX_EVENTS)
+
+
+class AddedItem(BaseModel):
+    item_id: str
+    retrievable: bool = Field(description="recommended from now on (a vector from its item features); false: "
+                                          "kept for the next training, not served until then")
+    known_features: int = Field(description="feature values the model was trained with")
+    reason: str | None = None
+
+
+class CatalogueChangeResponse(BaseModel):
+    model_version: str
+    items: list[AddedItem] = Field(default_factory=list)
+    n_items: int = Field(description="items the served model can recommend or read (added ones included)")
+    pending: int = Field(description="added items that wait for the next training")
+    retired: int = Field(description="items never recommended again")
+
+
+class RetireResponse(BaseModel):
+    item_id: str
+    retired: bool
+    already: bool = Field(description="it was retired before this request")
+    model_version: str
+
+
 class Problem(BaseModel):
     detail: str
 
@@ -288,5 +327,9 @@ TOO_LARGE: Responses = {413: {"description": "body over SEQREC_MAX_BODY_BYTES", 
 STORE_DOWN: Responses = {503: {"model": Problem, "headers": {"Retry-After": {"schema": {"type": "integer"}}},
                                 "description": "history store unreachable: nothing was read or stored, retry"}}
 UNKNOWN_ITEM: Responses = {404: {"model": Problem, "description": "the item is not in the served catalogue"}}
+CONFLICT: Responses = {409: {"model": Problem, "description": "an id already in the catalogue (or twice in the "
+                                                              "request), or a column the served catalogue lacks"}}
+JOURNAL_DOWN: Responses = {503: {"model": Problem, "description": "the catalogue journal could not be written: "
+                                                                  "nothing changed, retry"}}
 REFUSED: Responses = {409: {"model": Problem, "description": "the new bundle was refused; the old one keeps serving"}}
 METRICS: Responses = {200: {"description": "Prometheus text exposition", "content": TEXT}}

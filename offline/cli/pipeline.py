@@ -29,6 +29,8 @@ def add_pipeline_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
                    help="continue the newest unfinished run of this config (a new run when there is none)")
     p.add_argument("--keep", type=int, default=None, help="published versions to keep (default: the config's)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for training")
+    p.add_argument("--warm-start", action="store_true",
+                   help="train from the served bundle's weights (as `warm_start: true` in the config)")
     p.set_defaults(handler=_pipeline)
 
 
@@ -40,7 +42,8 @@ def _pipeline(args: argparse.Namespace) -> int:
     if args.keep is not None and args.keep < 1:
         raise SeqrecError(f"--keep must be >= 1, got {args.keep}")
     set_threads(args.threads)
-    summary = run_pipeline(args.config, args.out, resume=args.resume, keep=args.keep, threads=args.threads)
+    summary = run_pipeline(args.config, args.out, resume=args.resume, keep=args.keep, threads=args.threads,
+                           warm_start=args.warm_start)
     print(summary_table(summary))
     return 0
 

@@ -36,7 +36,8 @@ def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from service.app import create_app
-    from service.bundle import BundleError, load_bundle, resolve_bundle
+    from service.bundle import BundleError, resolve_bundle
+    from service.catalog import load_served
     from service.settings import Settings
 
     given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
@@ -48,7 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise SeqrecError("invalid settings: " + validation_message(err, prefix="SEQREC_", upper=True)) from None
     try:
         path = resolve_bundle(settings.artifacts)
-        bundle = (load_bundle(path, inference=settings.inference, threads=settings.threads)
+        bundle = (load_served(path, inference=settings.inference, threads=settings.threads)
                   if settings.workers == 1 else None)  # refuse a bad bundle before binding
     except BundleError as err:
         raise SeqrecError(str(err)) from None

@@ -24,6 +24,9 @@ def add_train_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, required=True, help="prepared folder (from `seqrec prepare`)")
     p.add_argument("--out", type=Path, required=True, help="artifact folder to write")
     p.add_argument("--resume", action="store_true", help="continue from OUT/run/last.pt after an interruption")
+    p.add_argument("--init-from", type=Path, default=None, metavar="BUNDLE",
+                   help="warm start: begin from this bundle's weights (item rows carried over by external id, "
+                   "new items initialised as from scratch; optimiser, schedule and early stopping fresh)")
     p.add_argument("--seed", type=int, default=None, help="shorthand for --train.seed")
     p.add_argument("--threads", type=int, default=None, help="shorthand for --train.threads (CPU)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="shorthand for --train.device")
@@ -60,7 +63,7 @@ def _train(args: argparse.Namespace) -> int:
         raise SeqrecError(f"{args.out} holds an unfinished run; add --resume to continue it, or choose a new --out")
     data = load_prepared(args.data)
     manifest = train_retriever(config, data, args.out, resume=args.resume, index_spec=IndexSpec(kind=args.index),
-                               dist=dist)
+                               dist=dist, init_from=args.init_from)
     if dist is not None and not dist.is_main:
         return 0
     summary = {"artifact": str(args.out), "version": manifest.version, "training": manifest.training,

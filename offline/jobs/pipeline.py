@@ -64,6 +64,9 @@ class PipelineConfig(_Strict):
     index: Literal["auto", "flat", "hnsw", "ivf"] = "auto"
     ranker: RankerSection = Field(default_factory=RankerSection)
     keep: int = Field(3, ge=1, description="published versions to keep")
+    warm_start: bool = Field(False, description="train from the served bundle's weights (`seqrec train --init-from`)")
+    warm_start_overrides: dict[str, Any] = Field(default_factory=dict,
+                                                 description="section.key: value added when warm-starting")
 
 
 def load_pipeline_config(path: Path) -> PipelineConfig:
@@ -183,11 +186,13 @@ def resume_run(artifacts: Path, config: PipelineConfig) -> Run | None:
 
 
 def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, keep: int | None = None,
-                 threads: int | None = None) -> PipelineSummary:
+                 threads: int | None = None, warm_start: bool = False) -> PipelineSummary:
     """Run every stage not yet finished; returns the summary (stage times, metrics, published version)."""
     config = load_pipeline_config(config_path)
     if keep is not None:
         config = config.model_copy(update={"keep": keep})
+    if warm_start:
+        config = config.model_copy(update={"warm_start": True})
     artifacts.mkdir(parents=True, exist_ok=True)
     run = resume_run(artifacts, config) if resume else None
     if run is not None:
@@ -222,22 +227,27 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
 def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
     from offline.data.prepare import Filters, prepare_dataset
     from offline.data.readers import ReaderOptions
+    from offline.jobs.catalog import take_added_items
 
     d = config.data
     options = ReaderOptions(path=d.path, synthetic=d.synthetic or None, **d.reader)
     manifest = prepare_dataset(d.dataset, run.data, options, Filters(d.min_user_interactions, d.k_core, d.min_rating),
                                download=d.download, overwrite=True)
+    added = take_added_items(run.folder.parent.parent, run.data)  # ARTIFACTS/work/<run>
     return {"users": manifest["users"], "items": manifest["items"], "interactions": manifest["interactions"],
-            "repeat_targets": manifest["repeat_targets"]}
+            "repeat_targets": manifest["repeat_targets"], **added}
 
 
 def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
     from offline.data.prepared import load_prepared
+    from offline.jobs.catalog import served_bundle
     from offline.jobs.train import train_retriever
     from retriever.artifact import read_manifest
     from retriever.config import load_config
 
-    overrides = [f"{k}={v}" for k, v in config.overrides.items()]
+    init_from = served_bundle(run.folder.parent.parent) if config.warm_start else None
+    extra = config.warm_start_overrides if init_from else {}
+    overrides = [f"{k}={v}" for k, v in {**config.overrides, **extra}.items()]
     if threads is not None:
         overrides.append(f"train.threads={threads}")
     retriever_config = load_config(config.retriever, overrides)
@@ -245,8 +255,10 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
     if (run.bundle / "manifest.json").exists():  # killed after the artifact was written: nothing left to do
         manifest = read_manifest(run.bundle)
     else:
-        manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, resume=resume)
+        manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, resume=resume,
+                                   init_from=init_from)
     return {"version": manifest.version, "resumed": resume, "repeats": manifest.repeats,
+            "warm_start_from": None if init_from is None else str(init_from),
             "valid_ndcg@10": manifest.metrics["valid"]["NDCG@10"],
             "test_ndcg@10": manifest.metrics["test"]["NDCG@10"]}
 
@@ -297,6 +309,8 @@ def _evaluate(run: Run, config: PipelineConfig, threads: int | None) -> dict[str
 
 def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any]:
     """Move the bundle into versions/ (one rename), then rename a new symlink over `current`."""
+    from offline.jobs.catalog import carry_retired
+
     version = str(run.state.stages["train"].info["version"])
     versions = artifacts / VERSIONS
     versions.mkdir(parents=True, exist_ok=True)
@@ -306,6 +320,7 @@ def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any
         record = PublishRecord(config=run.state.config, stages=run.state.stages,
                                published_at=datetime.now(UTC).isoformat(timespec="seconds"))
         _write_json(run.bundle / "pipeline.json", record)
+        carry_retired(artifacts, run.bundle)
         os.replace(run.bundle, target)
     _fault_point("publish-before-switch")
     switch_current(artifacts, target)

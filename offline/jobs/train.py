@@ -18,10 +18,12 @@ from offline.data.errors import DataError
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut, Split
 from offline.evaluation.evaluate import EVAL_KS, evaluate_vectors, index_target_ranks, summarize
+from offline.jobs.warm_start import warm_start_init
 from retriever.artifact import RetrieverArtifact, RetrieverManifest, load_artifact, write_artifact
 from retriever.config import RunConfig, config_from_dict
 from retriever.distributed import Distributed, broadcast_bytes, process_group
 from retriever.errors import SeqrecError
+from retriever.features import feature_rows, feature_vocabulary, value_lists
 from retriever.index import IndexSpec
 from retriever.model import Retriever
 from retriever.repeats import resolve_repeats
@@ -50,12 +52,9 @@ def item_feature_matrix(data: PreparedDataset, column: str) -> tuple[np.ndarray,
         raise DataError(data.path / "items.parquet", f"no column {column!r} for model.item_features; "
                         f"columns: {', '.join(data.items.column_names)}")
     values = data.items.column(column).to_pylist()
-    rows = [[str(v) for v in (x if isinstance(x, list) else [x]) if v is not None] for x in values]
-    vocab = {v: i + 1 for i, v in enumerate(sorted({v for r in rows for v in r}))}
-    width = max((len(r) for r in rows), default=0)
-    matrix = np.zeros((data.n_items + 1, max(1, width)), dtype=np.int64)
-    for i, r in enumerate(rows, start=1):
-        matrix[i, : len(r)] = [vocab[v] for v in r]
+    vocab = feature_vocabulary(values)
+    width = max((len(r) for r in value_lists(values)), default=0)
+    matrix = np.concatenate([np.zeros((1, max(1, width)), dtype=np.int64), feature_rows(values, vocab, width)])
     return matrix, len(vocab)
 
 
@@ -100,19 +99,20 @@ def index_metrics(artifact: RetrieverArtifact, split: LeaveOneOut, splits: tuple
 
 def train_retriever(
     config: RunConfig, data: PreparedDataset, out: Path, *, resume: bool = False, index_spec: IndexSpec | None = None,
-    dist: Distributed | None = None,
+    dist: Distributed | None = None, init_from: Path | None = None,
 ) -> RetrieverManifest:
     """Fit, evaluate on valid and test, write the artifact to ``out``; returns its manifest.
 
+    init_from: a bundle to warm-start from (`offline.jobs.warm_start`): its item rows by external id.
     dist: this process's place in a torchrun job. All ranks train; rank 0 alone evaluates and
     writes the artifact, then hands every rank its manifest.
     """
     if dist is None:
-        manifest = _train_retriever(config, data, out, resume, index_spec, None)
+        manifest = _train_retriever(config, data, out, resume, index_spec, None, init_from)
         assert manifest is not None
         return manifest
     with process_group(dist, resolve_device(config, dist.local_rank)):
-        manifest = _train_retriever(config, data, out, resume, index_spec, dist)
+        manifest = _train_retriever(config, data, out, resume, index_spec, dist, init_from)
         text = broadcast_bytes(json.dumps(manifest.to_dict()).encode() if manifest is not None else None)
     assert text is not None
     return manifest if manifest is not None else RetrieverManifest.model_validate_json(text)
@@ -120,7 +120,7 @@ def train_retriever(
 
 def _train_retriever(
     config: RunConfig, data: PreparedDataset, out: Path, resume: bool, index_spec: IndexSpec | None,
-    dist: Distributed | None,
+    dist: Distributed | None, init_from: Path | None = None,
 ) -> RetrieverManifest | None:
     """The manifest of the artifact written to ``out``; None on ranks other than 0, which write nothing."""
     features = None
@@ -141,8 +141,9 @@ def _train_retriever(
         return dense_metrics(model, evaluated, data.n_items, max_len, ("valid",), eval_batch,
                              exclude_seen=exclude_seen)["valid"]
 
+    init = None if init_from is None else warm_start_init(init_from, config, data)
     result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume,
-                 item_features=None if features is None else torch.from_numpy(features), dist=dist)
+                 item_features=None if features is None else torch.from_numpy(features), dist=dist, init=init)
     if dist is not None and not dist.is_main:
         return None
     metrics = dense_metrics(result.model, evaluated, data.n_items, max_len, batch_size=eval_batch,
@@ -154,6 +155,7 @@ def _train_retriever(
         "seconds": round(result.seconds, 1),
         "seconds_to_best": round(result.seconds_to_best, 1),
         "sequences_per_second": result.sequences_per_second,
+        **({} if init_from is None else {"warm_start_from": str(init_from)}),
     }
     manifest = write_artifact(
         out, result.model.cpu(), config, np.asarray(data.item_ids[1:], dtype=str), metrics=metrics,

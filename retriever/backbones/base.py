@@ -66,3 +66,11 @@ class SequenceEncoder(nn.Module):
         the option for the others before training starts, so reaching this default is a bug.
         """
         raise ValueError(f"{type(self).__name__} takes no item features")
+
+    def add_items(self, features: Tensor) -> None:
+        """Append (M, F) new items known by their side-feature ids alone (a catalogue change without retraining):
+        their ID-embedding part is zero, so each is the mean of its feature embeddings, on input and output.
+
+        Only encoders that take item features can do this; the default refuses.
+        """
+        raise ValueError(f"{type(self).__name__} takes no item features, so new items need retraining")

@@ -7,7 +7,7 @@ table, SwiGLU (expansion 4) instead of ReLU, RMSNorm instead of LayerNorm, and a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -99,3 +99,22 @@ class Transformer(SequenceEncoder):
         if len(features) and (int(features.min()) < 0 or int(features.max()) > self.config.n_features):
             raise ValueError(f"feature ids must lie in [0, {self.config.n_features}]")
         self.item_features.copy_(features)
+
+    def add_items(self, features: Tensor) -> None:
+        """Append (M, F) new items by their feature ids; their ID rows are zero (no interaction to learn them from:
+        the mean of the trained rows would add the same "average item" direction to every new item)."""
+        if self.feature_emb is None:
+            super().add_items(features)
+        width = self.item_features.shape[1]
+        if features.ndim != 2 or features.shape[1] != width:
+            raise ValueError(f"new item features must be shaped (M, {width}), got {tuple(features.shape)}")
+        if len(features) and (int(features.min()) < 0 or int(features.max()) > self.config.n_features):
+            raise ValueError(f"feature ids must lie in [0, {self.config.n_features}]")
+        old = self.item_emb.weight
+        table = nn.Embedding(len(old) + len(features), old.shape[1], padding_idx=0).to(old.device, old.dtype)
+        with torch.no_grad():
+            table.weight[: len(old)] = old
+            table.weight[len(old) :] = 0
+        self.item_emb = table
+        self.item_features = torch.cat([self.item_features, features.to(self.item_features)])
+        self.config = replace(self.config, n_items=self.config.n_items + len(features))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -47,8 +48,11 @@ class Run:
 
 @pytest.fixture(scope="module")
 def keyed(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """Its own server with SEQREC_API_KEY set: the fuzzer's events and deletes touch no other module's users."""
-    with serving(tmp_path_factory.mktemp("fuzz-keyed"), artifacts=str(bundle), api_key=KEY) as server:
+    """Its own server with SEQREC_API_KEY set: the fuzzer's events and deletes touch no other module's users, and
+    its catalogue changes (POST/DELETE /admin/items) go to its own copy of the bundle."""
+    root = tmp_path_factory.mktemp("fuzz-keyed")
+    copy = shutil.copytree(bundle, root / "bundle")
+    with serving(root, artifacts=str(copy), api_key=KEY) as server:
         yield server
 
 
@@ -149,7 +153,8 @@ def test_fuzz_thousands(keyed: Server, bundle: Path, tmp_path: Path, capsys: pyt
     for run in SLOW:
         workdir = tmp_path / f"seed-{run.seed}"
         if run.open_server:
-            with serving(workdir / "server", artifacts=str(bundle)) as server:
+            copy = shutil.copytree(bundle, workdir / "bundle")  # its catalogue changes stay in the copy
+            with serving(workdir / "server", artifacts=str(copy)) as server:
                 counts = fuzz(server, run, workdir)
         else:
             counts = fuzz(keyed, run, workdir)
@@ -245,8 +250,11 @@ def test_the_schema_documents_the_error_answers(client: httpx.Client) -> None:
     assert documented[("DELETE", "/users/{user_id}/history")] == {"200", "401", "422", "503"}
     assert documented[("GET", "/items/{item_id}")] == {"200", "404", "422"}
     assert documented[("POST", "/admin/reload")] == {"200", "401", "409", "413"}
+    assert documented[("POST", "/admin/items")] == {"200", "400", "401", "409", "413", "422", "503"}
+    assert documented[("DELETE", "/admin/items/{item_id}")] == {"200", "401", "404", "422", "503"}
     security = {(m.upper(), p) for p, ops in paths.items() for m, op in ops.items() if op.get("security")}
-    assert security == {("POST", "/events"), ("DELETE", "/users/{user_id}/history"), ("POST", "/admin/reload")}
+    assert security == {("POST", "/events"), ("DELETE", "/users/{user_id}/history"), ("POST", "/admin/reload"),
+                        ("POST", "/admin/items"), ("DELETE", "/admin/items/{item_id}")}
 
 
 def test_an_open_server_documents_open_writes(api: Server) -> None:

@@ -1,0 +1,160 @@
+"""Warm-start retraining (`seqrec train --init-from BUNDLE`) and the derived folders it is measured on."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from offline.cli import main
+from offline.data.derive import hold_out_items, time_prefix
+from offline.data.prepared import load_prepared
+from offline.jobs.warm_start import warm_start_init
+from retriever.artifact import load_artifact, read_manifest
+from retriever.config import load_config
+from tests.tiny import TINY, prepare_tiny
+
+FEATURES = ["--model.item_features", "genres"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(full data, the same without 10% of its items, a bundle trained on the latter)."""
+    root = tmp_path_factory.mktemp("warm")
+    full = prepare_tiny(root / "full")
+    hold_out_items(load_prepared(full), root / "held", 0.1, seed=0)
+    bundle = root / "old"
+    assert main(["train", "--data", str(root / "held" / "train"), "--out", str(bundle), *TINY, *FEATURES, "-q"]) == 0
+    return full, root / "held" / "train", bundle
+
+
+def test_hold_out_removes_every_interaction_of_the_held_items(folders: tuple[Path, Path, Path]) -> None:
+    full, held, _ = folders
+    data, kept = load_prepared(full), load_prepared(held)
+    gone = set(data.item_ids[1:]) - set(kept.item_ids[1:])
+    assert len(gone) == 6  # 10% of 60
+    assert not gone & set(kept.item_ids[kept.sequences.items])  # not even as validation or test targets
+    assert kept.n_users <= data.n_users
+
+
+def test_time_prefix_keeps_targets_and_cuts_training_positions(folders: tuple[Path, Path, Path],
+                                                              tmp_path: Path) -> None:
+    full, _, _ = folders
+    data = load_prepared(full)
+    time_prefix(data, tmp_path / "p", 0.5)
+    cut = load_prepared(tmp_path / "p")
+    a, b = data.split(), cut.split()
+    assert np.array_equal(a.valid_targets, b.valid_targets)
+    assert np.array_equal(a.test_targets, b.test_targets)
+    expected = np.maximum(1, (a.train.lengths * 0.5).astype(int))
+    assert np.array_equal(b.train.lengths, expected)
+    first = a.train.items[a.train.offsets[0] : a.train.offsets[0] + expected[0]]
+    assert np.array_equal(b.train.items[: expected[0]], first)  # the first positions, in order
+
+
+def test_init_carries_rows_by_external_id_and_leaves_new_items_fresh(folders: tuple[Path, Path, Path]) -> None:
+    full, _, bundle = folders
+    data = load_prepared(full)
+    old = load_artifact(bundle, with_index=False)
+    config = load_config(None, ["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.max_len=10",
+                                "model.item_features=genres"])
+    from offline.jobs.train import item_feature_matrix
+    from retriever.config import config_from_dict
+
+    features, n_features = item_feature_matrix(data, "genres")
+    raw = config.model_dump(mode="json")
+    raw["model"].update(n_features=n_features, features_per_item=features.shape[1])
+    config = config_from_dict(raw, source="test")
+    torch.manual_seed(0)
+    fresh = config.build(data.n_items)
+    torch.manual_seed(0)
+    model = config.build(data.n_items)
+    counts = warm_start_init(bundle, config, data)(model)
+    assert counts["items"] == old.n_items
+    assert counts["new_items"] == data.n_items - old.n_items
+    new_rows = {str(item): row for row, item in enumerate(data.item_ids[1:].tolist(), start=1)}
+    table, old_table = model.encoder.item_emb.weight, old.model.encoder.item_emb.weight
+    for row, item in enumerate(old.item_ids.tolist(), start=1):
+        assert torch.equal(table[new_rows[item]], old_table[row])
+    for item, row in new_rows.items():
+        if item not in set(old.item_ids.tolist()):
+            assert torch.equal(table[row], fresh.encoder.item_emb.weight[row])  # as a model built from scratch
+    for name, tensor in model.state_dict().items():
+        if "emb" not in name and name != "encoder.item_features":
+            assert torch.equal(tensor, old.model.state_dict()[name]), name
+
+
+def test_cli_warm_start_trains_and_records_its_origin(folders: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    full, _, bundle = folders
+    out = tmp_path / "warm"
+    assert main(["train", "--data", str(full), "--out", str(out), "--init-from", str(bundle), *TINY, *FEATURES,
+                 "-q"]) == 0
+    training = read_manifest(out).training
+    assert training is not None
+    assert training["warm_start_from"] == str(bundle)
+    assert json.loads((out / "config.json").read_text())["model"]["item_features"] == "genres"
+
+
+def test_warm_start_refuses_another_model_size(folders: tuple[Path, Path, Path], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    full, _, bundle = folders
+    code = main(["train", "--data", str(full), "--out", str(tmp_path / "x"), "--init-from", str(bundle), *TINY,
+                 *FEATURES, "--model.d_model", "32", "-q"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "warm start needs the same" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cold_start_bench_ranks_the_held_out_items_through_the_catalogue_change(folders: tuple[Path, Path, Path],
+                                                                              tmp_path: Path) -> None:
+    from offline.bench.cold_start import main as cold_start
+
+    full, held, bundle = folders
+    assert cold_start(["evaluate", "--data", str(full), "--split", str(held.parent), "--artifact", str(bundle),
+                       "--out", str(tmp_path / "res")]) == 0
+    record = json.loads((tmp_path / "res" / "results.json").read_text())
+    data = load_prepared(full)
+    held_ids = set(data.item_ids[1:]) - set(load_prepared(held).item_ids[1:])
+    last = data.item_ids[data.sequences.items[data.sequences.offsets[1:] - 1]]
+    assert record["test_users"] == sum(str(i) in held_ids for i in last)
+    assert record["catalogue_items"] == load_artifact(bundle, with_index=False).n_items + record["items_with_vectors"]
+    results = record["results"]
+    assert set(results) == {"item features (POST /admin/items)", "random vector", "popularity"}
+    assert results["popularity"]["HR@50"] == 0.0  # a new item has no training count: last, behind every tie
+
+
+def test_pipeline_takes_catalogue_changes_into_the_next_training_and_warm_starts(tmp_path: Path) -> None:
+    import yaml
+
+    from service.catalog import JOURNAL, CatalogChanges, load_served, read_journal, write_journal
+
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
+        "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10,
+                  "item_features": "genres"},
+        "train": {"epochs": 2, "batch_size": 64, "seed": 3, "threads": 1}}))
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "tiny", "retriever": "tiny.yaml", "ranker": {"kind": "none"},
+        "data": {"dataset": "synthetic", "synthetic": {"n_users": 150, "n_items": 60, "mean_length": 12, "seed": 1}},
+        "warm_start_overrides": {"train.epochs": 1}}))
+    artifacts = tmp_path / "artifacts"
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "-q"]) == 0
+    first = (artifacts / "current").resolve()
+    write_journal(first, CatalogChanges(added=[{"item_id": "brand-new", "genres": ["Comedy"], "title": "New"}],
+                                        retired=["i1"]))
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "--warm-start", "-q"]) == 0
+    second = (artifacts / "current").resolve()
+    assert second != first
+    record = json.loads((second / "pipeline.json").read_text())
+    assert record["stages"]["train"]["warm_start_from"] == str(first)
+    assert record["stages"]["prepare"]["added_items"] == 1
+    assert json.loads((second / "config.json").read_text())["train"]["epochs"] == 1  # warm_start_overrides
+    served = load_served(second)
+    assert "brand-new" in served.index_of  # trained with the catalogue now, not an addition
+    assert served.index_of["brand-new"] <= load_artifact(second, with_index=False).n_items
+    assert read_journal(second).retired == ["i1"]
+    assert read_journal(second).added == []
+    assert served.index_of["i1"] in served.retired
+    assert (second / JOURNAL).is_file()

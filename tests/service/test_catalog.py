@@ -1,0 +1,149 @@
+"""Catalogue changes without retraining, over real HTTP (a uvicorn process) with a real Redis: `POST /admin/items`
+gives a model with item features vectors for new items at once, `DELETE /admin/items/{id}` retires one, and
+both survive a restart and a reload (the journal beside the bundle)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from offline.cli import main as seqrec
+from retriever.artifact import rewrite_index
+from retriever.index import IndexSpec, search
+from service.bundle import load_bundle
+from service.catalog import JOURNAL, CatalogChanges, apply_changes, load_served
+from tests.service.support import SHARED_REDIS, TINY_MODEL, serving
+
+KEY = "catalogue-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def featured(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny bundle whose model reads the synthetic catalogue's genres, with a LightGBM ranker."""
+    out = tmp_path_factory.mktemp("featured") / "v1"
+    assert seqrec(["train", "--data", str(prepared), "--out", str(out), *TINY_MODEL, "--seed", "3",
+                   "--model.item_features", "genres", "--train.repeats", "exclude", "-q"]) == 0
+    assert seqrec(["train-ranker", "--artifact", str(out), "--data", str(prepared), "--kind", "lgbm", "--mining",
+                   "direct", "--depth", "20", "--threads", "1", "-q"]) == 0
+    return out
+
+
+@pytest.fixture
+def served_copy(featured: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(featured, tmp_path / "bundle"))
+
+
+def _everything(client, history: list[str], n: int) -> list[str]:  # type: ignore[no-untyped-def]
+    r = client.post("/recommend", json={"history": history, "k": n, "candidates": n, "rerank": True})
+    assert r.status_code == 200, r.text
+    return [item["item_id"] for item in r.json()["items"]]
+
+
+def test_added_items_are_served_at_once_and_retired_ones_never(served_copy: Path, tmp_path: Path,
+                                                                  module_redis_prefix: str) -> None:
+    settings = {"artifacts": str(served_copy), "api_key": KEY, "redis_url": SHARED_REDIS,
+                "redis_prefix": module_redis_prefix}
+    with serving(tmp_path / "a", **settings) as server, server.client(headers=AUTH) as client:
+        ready = client.get("/readyz").json()
+        n = ready["n_items"]
+        popular = [i["item_id"] for i in client.get("/items", params={"limit": 3}).json()["items"]]
+        assert server.client().post("/admin/items", json={"items": [{"item_id": "x"}]}).status_code == 401
+        r = client.post("/admin/items", json={"items": [{"item_id": "new-1", "genres": ["Comedy", "Drama"],
+                                                         "title": "New one"},
+                                                        {"item_id": "new-2", "genres": ["No such genre"]}]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [i["retrievable"] for i in body["items"]] == [True, False]
+        assert body["items"][0]["known_features"] == 2
+        assert (body["n_items"], body["pending"]) == (n + 1, 1)
+        assert client.get("/items/new-1").json()["genres"] == ["Comedy", "Drama"]
+        history = ["i1", "i2", "i3"]
+        assert "new-1" in _everything(client, history, n + 1)  # in the index: every item is returned
+        assert "new-2" not in _everything(client, history, n + 1)
+        r = client.post("/recommend", json={"history": ["new-1", "i1"], "k": 5})
+        assert r.json()["unknown_items"] == []  # read in histories
+        assert client.delete(f"/admin/items/{popular[0]}").json() == {
+            "item_id": popular[0], "retired": True, "already": False, "model_version": ready["model_version"]}
+        assert client.delete(f"/admin/items/{popular[0]}").json()["already"] is True
+        _check_served(client, n, popular[0])
+        server.stop()
+        server.start()  # a restart serves the same catalogue
+        _check_served(client, n, popular[0])
+        assert client.post("/admin/reload").status_code == 200
+        _check_served(client, n, popular[0])
+    assert (served_copy / JOURNAL).is_file()
+
+
+def _check_served(client, n: int, retired: str) -> None:  # type: ignore[no-untyped-def]
+    listed = _everything(client, ["i1", "i2", "i3"], n + 1)
+    assert "new-1" in listed
+    assert retired not in listed
+    assert len(listed) == n + 1 - 3 - 1  # everything but the history and the retired item
+    fallback = client.post("/recommend", json={"history": [], "k": n + 1}).json()
+    assert fallback["fallback"] == "popularity"
+    assert retired not in [i["item_id"] for i in fallback["items"]]
+    r = client.post("/recommend", json={"history": [retired, "i1"], "k": 5})
+    assert r.json()["unknown_items"] == []  # a retired item is still read in histories
+    assert retired not in [i["item_id"] for i in r.json()["items"]]
+
+
+def test_bad_changes_are_4xx_and_change_nothing(served_copy: Path, tmp_path: Path) -> None:
+    with serving(tmp_path / "b", artifacts=str(served_copy)) as server, server.client() as client:
+        n = client.get("/readyz").json()["n_items"]
+        cases = [
+            ({"items": []}, 422),
+            ({"items": [{"item_id": "a", "attributes": ["x"]}]}, 409),  # not a column of this catalogue
+            ({"items": [{"item_id": "a"}, {"item_id": "a"}]}, 409),
+            ({"items": [{"item_id": "a", "genres": "Comedy"}]}, 422),
+            ({"items": [{"item_id": "a", "colour": "red"}]}, 422),
+            ({"items": [{"item_id": "i1", "genres": ["Comedy"]}]}, 409),  # already in the catalogue
+        ]
+        for body, status in cases:
+            r = client.post("/admin/items", json=body)
+            assert r.status_code == status, (body, r.text)
+        assert client.delete("/admin/items/nope").status_code == 404
+        assert client.post("/admin/items", content=b"{", headers={"content-type": "application/json"}
+                           ).status_code == 422
+        assert client.get("/readyz").json()["n_items"] == n
+    assert not (served_copy / JOURNAL).exists()
+
+
+def test_a_model_without_item_features_keeps_added_items_pending(bundle: Path, tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(bundle, tmp_path / "plain"))
+    with serving(tmp_path / "c", artifacts=str(copy)) as server, server.client() as client:
+        r = client.post("/admin/items", json={"items": [{"item_id": "fresh", "genres": ["Comedy"]}]})
+        assert r.status_code == 200, r.text
+        (item,) = r.json()["items"]
+        assert not item["retrievable"]
+        assert "next training" in item["reason"]
+        assert r.json()["pending"] == 1
+        r = client.post("/recommend", json={"history": ["fresh", "i1"], "k": 5})
+        assert r.json()["unknown_items"] == ["fresh"]
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_a_new_item_vector_is_its_feature_mean_and_the_index_finds_it(served_copy: Path, kind: str) -> None:
+    rewrite_index(served_copy, IndexSpec(kind=kind))
+    base = load_bundle(served_copy)
+    changes = CatalogChanges(added=[{"item_id": "n", "genres": ["Comedy", "Drama"]}], retired=["i1"])
+    bundle = apply_changes(base, changes)
+    encoder = base.artifact.model.encoder
+    assert bundle.n_items == base.n_items + 1
+    row = bundle.n_items
+    ids = bundle.artifact.model.encoder.item_features[row]
+    expected = encoder.feature_emb(ids[ids != 0]).mean(0)  # type: ignore[misc]
+    assert torch.allclose(bundle.vectors[row], torch.nn.functional.normalize(expected, dim=0), atol=1e-6)
+    assert torch.equal(bundle.vectors[: row], base.vectors)  # trained items unchanged
+    _, rows = search(bundle.artifact.index, bundle.vectors[row : row + 1].numpy(), 1)
+    assert rows[0, 0] == row - 1  # index row r = internal id r + 1
+    assert bundle.index_of["i1"] in bundle.retired
+    assert bundle.index_of["i1"] not in bundle.popular.tolist()
+    assert base.n_items == len(base.artifact.item_ids)  # the loaded bundle itself is untouched
+    (served_copy / JOURNAL).write_text(changes.model_dump_json())
+    again = load_served(served_copy)
+    assert np.array_equal(again.vectors.numpy(), bundle.vectors.numpy())
