@@ -56,7 +56,8 @@ def test_tune_searches_resumes_and_its_best_config_trains(tmp_path: Path, test_r
     test_reads.clear()  # `seqrec prepare` records the test targets' repeat share; the search starts now
     args = ["tune", "--data", str(data), "--out", str(out), *PINS, *BASE]
     assert main([*args, "--trials", "2"]) == 0
-    assert test_reads and set(test_reads) == {"final"}  # test was read, and only after the search
+    assert test_reads
+    assert set(test_reads) == {"final"}
     with (out / "trials.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [r["trial"] for r in rows] == ["0", "1"]
@@ -90,10 +91,43 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path, capsys: pytest.Captur
                                            message: str) -> None:
     assert main(["tune", "--data", str(tmp_path), "--out", str(tmp_path / "o"), *extra]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("seqrec: error:") and message in err and "\n" not in err
+    assert err.startswith("seqrec: error:")
+    assert message in err
+    assert "\n" not in err
 
 
 def test_a_missing_data_folder_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["tune", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--trials", "1"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("seqrec: error:") and "\n" not in err
+    assert err.startswith("seqrec: error:")
+    assert "\n" not in err
+
+
+def _pipeline_config(tmp_path: Path, tune: dict) -> Path:
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
+        "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10},
+        "train": {"epochs": 2, "batch_size": 64, "seed": 3, "threads": 1}}))
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tiny",
+        "data": {"dataset": "synthetic", "synthetic": {"n_users": 150, "n_items": 60, "mean_length": 12, "seed": 1}},
+        "retriever": "tiny.yaml", "ranker": {"kind": "none"}, "tune": tune}))
+    return path
+
+
+def test_pipeline_tune_section_needs_a_budget(tmp_path: Path) -> None:
+    from offline.jobs.pipeline import load_pipeline_config
+    from retriever.errors import SeqrecError
+
+    assert load_pipeline_config(_pipeline_config(tmp_path, {"trials": 2})).tune is not None
+    with pytest.raises(SeqrecError, match="trials or minutes"):
+        load_pipeline_config(_pipeline_config(tmp_path, {"seed": 1}))
+
+
+@pytest.mark.slow
+def test_pipeline_tunes_then_trains_the_best_config(tmp_path: Path) -> None:
+    fix = {"d_model": 32, "n_layers": 1, "max_len": 20, "batch_size": 256}
+    config = _pipeline_config(tmp_path, {"trials": 2, "fix": fix})
+    assert main(["pipeline", "--config", str(config), "--out", str(tmp_path / "artifacts"), "-q"]) == 0
+    manifest = json.loads((tmp_path / "artifacts" / "current" / "config.json").read_text())
+    assert manifest["model"]["d_model"] == 32  # the tuned config, not tiny.yaml's 16
