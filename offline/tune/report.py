@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from offline.tables import markdown_table
 from retriever.atomic import atomic_write
 
-COLUMNS = ("trial", "state", "valid NDCG@10", "best epoch", "epochs", "minutes")
+COLUMNS = ("trial", "state", "valid NDCG@10 (best)", "best epoch", "epochs", "minutes")
 
 
 def trial_rows(study: optuna.Study) -> tuple[list[str], list[list[Any]]]:
@@ -32,12 +32,19 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[list[Any]]]:
     params = sorted({name for t in trials for name in t.params})
     rows = []
     for t in trials:
-        value = t.value if t.value is not None else max(t.intermediate_values.values(), default=None)
+        value = _best_value(t)
         cells: list[Any] = [t.number, t.state.name.lower(), _fmt(value), t.user_attrs.get("best_epoch", ""),
                             t.user_attrs.get("epochs_run", len(t.intermediate_values) or ""),
                             t.user_attrs.get("minutes", "")]
         rows.append(cells + [_fmt(t.params.get(name, "")) for name in params])
     return [*COLUMNS, *params], rows
+
+
+def _best_value(t: optuna.trial.FrozenTrial) -> float | None:
+    """A finished trial's value (its best epoch); a pruned one's best reported validation, not its last."""
+    if t.state == optuna.trial.TrialState.PRUNED or t.value is None:
+        return max(t.intermediate_values.values(), default=None)
+    return t.value
 
 
 def _fmt(value: Any) -> Any:
@@ -52,9 +59,8 @@ def plot_history(study: optuna.Study, path: Path) -> None:
     axes = figure.add_subplot()
     best, best_line = -math.inf, []
     for state, marker in ((optuna.trial.TrialState.COMPLETE, "o"), (optuna.trial.TrialState.PRUNED, "x")):
-        points = [(t.number, t.value if t.value is not None else max(t.intermediate_values.values()))
-                  for t in study.get_trials(deepcopy=False, states=(state,)) if t.value is not None
-                  or t.intermediate_values]
+        values = [(t.number, _best_value(t)) for t in study.get_trials(deepcopy=False, states=(state,))]
+        points = [(n, v) for n, v in values if v is not None]
         if points:
             axes.scatter(*zip(*points, strict=True), marker=marker, label=state.name.lower())
     for t in study.get_trials(deepcopy=False):

@@ -8,12 +8,14 @@ up to ``trials`` finished trials. Nothing during the search reads the test split
 ends, the best trial's weights are scored on validation and test, once, and reported side by side.
 
 The budget is wall-clock minutes, or CPU minutes of this process (``clock="cpu"``) on a shared
-machine; it is checked after every evaluation (a trial past it is stopped there, and counts as
-pruned) and between trials.
+machine, checked between trials. A trial running at the wall-clock deadline is ended by the
+training loop's own ``train.budget_minutes`` (its best epoch counts, the trial completes); on the
+CPU clock it is stopped at its next evaluation and counts as pruned.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -70,7 +72,7 @@ class Budget:
 
     def __init__(self, minutes: float | None, clock: Clock) -> None:
         self.read: Callable[[], float] = time.process_time if clock == "cpu" else time.perf_counter
-        self.minutes, self.start = minutes, self.read()
+        self.minutes, self.start, self.clock = minutes, self.read(), clock
         self.started = {"wall": time.perf_counter(), "cpu": time.process_time()}
 
     def used(self) -> dict[str, float]:
@@ -83,6 +85,12 @@ class Budget:
 
     def spent(self) -> bool:
         return self.minutes is not None and self.used_minutes() >= self.minutes
+
+    def wall_minutes_left(self) -> float | None:
+        """Wall-clock minutes left (None: no wall-clock budget), for the training loop's own budget."""
+        if self.minutes is None or self.clock != "wall":
+            return None
+        return max(0.01, self.minutes - self.used_minutes())
 
 
 def with_features(raw: dict[str, Any], data: PreparedDataset) -> tuple[RunConfig, torch.Tensor | None]:
@@ -105,8 +113,9 @@ def _reporting(validate: Validate, trial: optuna.Trial, eval_every: int, budget:
         metrics = validate(model)
         evaluations += 1
         trial.report(metrics[SELECTION_METRIC], evaluations * eval_every)
-        if trial.should_prune() or budget.spent():
-            trial.set_user_attr("stopped_by", "budget" if budget.spent() else "pruner")
+        out_of_cpu = budget.clock == "cpu" and budget.spent()  # wall-clock: the loop's own budget ends the trial
+        if trial.should_prune() or out_of_cpu:
+            trial.set_user_attr("stopped_by", "budget" if out_of_cpu else "pruner")
             raise optuna.TrialPruned(f"stopped after evaluation {evaluations}")
         return metrics
 
@@ -138,6 +147,10 @@ class Search:
     def objective(self, trial: optuna.Trial) -> float:
         raw = suggest(trial, self.base, self.shape)
         trial.set_user_attr("config", json.dumps(raw))
+        left = self.budget.wall_minutes_left()
+        if left is not None:  # a trial at the deadline stops as `train.budget_minutes` does: its best epoch counts
+            raw = copy.deepcopy(raw)
+            raw["train"]["budget_minutes"] = min(left, raw["train"].get("budget_minutes") or left)
         config, features = with_features(raw, self.data)
         validate = _reporting(self.validation(config), trial, config.train.eval_every, self.budget)
         result = fit(config, self.split.train.offsets, self.split.train.items, self.data.n_items, validate,
@@ -194,7 +207,9 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
     study = open_study(out, options, json.loads(json.dumps(identity, default=str)))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = Search(base, data, out, budget)
-    while not budget.spent() and (options.trials is None or finished(study) < options.trials):
+    started = 0  # every invocation runs one trial at least, however small its budget
+    while (started == 0 or not budget.spent()) and (options.trials is None or finished(study) < options.trials):
+        started += 1
         study.optimize(search.objective, n_trials=1, catch=(SeqrecError,))
         trial = study.trials[-1]
         log.info("trial %d %s: valid %s %s (%.1f of %s %s-minutes used)", trial.number, trial.state.name,

@@ -131,3 +131,16 @@ def test_pipeline_tunes_then_trains_the_best_config(tmp_path: Path) -> None:
     assert main(["pipeline", "--config", str(config), "--out", str(tmp_path / "artifacts"), "-q"]) == 0
     manifest = json.loads((tmp_path / "artifacts" / "current" / "config.json").read_text())
     assert manifest["model"]["d_model"] == 32  # the tuned config, not tiny.yaml's 16
+
+
+def test_a_trial_at_the_wall_clock_deadline_completes_with_its_best_epoch(tmp_path: Path) -> None:
+    data, out = prepare_tiny(tmp_path / "data"), tmp_path / "tune"
+    assert main(["tune", "--data", str(data), "--out", str(out), "--budget-minutes", "0.001", *PINS, *BASE,
+                 "--train.epochs", "5"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["trials"] == 1  # the budget was spent during the first trial, which still counts
+    with (out / "trials.csv").open() as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert row["state"] == "complete"
+    assert int(row["epochs"]) < 5  # ended by the budget, not the epoch limit
+    assert "budget_minutes" not in yaml.safe_load((out / "best.yaml").read_text())["train"]
