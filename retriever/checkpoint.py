@@ -38,6 +38,8 @@ class TrainState:
     bad_evals: int = 0
     seconds: float = 0.0
     seconds_to_best: float = 0.0
+    decay_start: int | None = None  # wsd: the step the decay began at, once a plateau started it
+    decay_steps: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def observe(self, epoch: int, metric: float, model: Retriever, run_dir: Path, elapsed: float) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from retriever.backbones import BACKBONES, backbone_config, build_encoder
 from retriever.errors import RetrieverError, validation_message
@@ -60,7 +60,13 @@ class TrainConfig(BaseModel):
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(100, ge=0)
-    schedule: Literal["constant", "cosine"] = "constant"
+    schedule: Literal["constant", "cosine", "wsd"] = Field(
+        "constant", description="constant; cosine: to 0 at train.epochs; wsd: warmup-stable-decay, the decay "
+        "started by a validation plateau (no gain for decay_patience evaluations), training ends with it")
+    decay_patience: int = Field(3, ge=1, description="wsd: evaluations without a gain that start the decay")
+    decay_fraction: float = Field(
+        0.25, gt=0, le=1, description="wsd: the decay lasts this fraction of the epochs run before it (rounded up)")
+    lr_floor: float = Field(0.0, ge=0, lt=1, description="wsd: the lr the decay ends at, as a fraction of train.lr")
     grad_clip: float | None = Field(1.0, gt=0)
     epochs: int = Field(200, ge=1, description="upper bound; early stopping usually ends sooner")
     eval_every: int = Field(1, ge=1, description="epochs between validation runs")
@@ -81,6 +87,13 @@ class TrainConfig(BaseModel):
     eval_users: int | None = Field(
         None, ge=1, description="validate and report metrics on this many users drawn once (seed train.seed); "
         "None = every user. For very large data: full ranking per user is kept, only users are sampled")
+
+    @model_validator(mode="after")
+    def _decay_before_patience(self) -> TrainConfig:
+        if self.schedule == "wsd" and self.patience <= self.decay_patience:
+            raise ValueError(f"schedule wsd needs patience ({self.patience}) > decay_patience "
+                             f"({self.decay_patience}), or the plateau ends training before the decay starts")
+        return self
 
 
 class RunConfig(BaseModel):

@@ -87,13 +87,18 @@ class TrainingRun:
         return self.ctx.generator
 
 
-def lr_at(step: int, total_steps: int, config: RunConfig) -> float:
+def lr_at(step: int, total_steps: int, config: RunConfig, decay: tuple[int, int] | None = None) -> float:
+    """The lr of optimiser step ``step`` (0-based); ``decay`` = (first step, length) of wsd's decay once begun."""
     train = config.train
     if train.warmup_steps and step < train.warmup_steps:
         return train.lr * (step + 1) / train.warmup_steps
     if train.schedule == "cosine":
         progress = (step - train.warmup_steps) / max(1, total_steps - train.warmup_steps)
         return train.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    if train.schedule == "wsd" and decay is not None and step >= decay[0]:
+        # Linear to the floor, reached on the decay's last step.
+        remaining = 1.0 - min(1.0, (step - decay[0] + 1) / max(1, decay[1]))
+        return train.lr * (train.lr_floor + (1.0 - train.lr_floor) * remaining)
     return train.lr
 
 
@@ -233,8 +238,8 @@ def _fit_locked(run: TrainingRun, windows: Tensor, validate: Validate, resume: b
              steps_per_epoch, device)
     started = time.perf_counter() - state.seconds
     for epoch in range(state.epoch + 1, config.train.epochs + 1):
-        if state.bad_evals >= config.train.patience or out_of_time(config, state.seconds):  # a resumed, ended run
-            break
+        if state.bad_evals >= config.train.patience or out_of_time(config, state.seconds) or decay_done(state):
+            break  # a resumed run that had ended
         record = run_epoch(run, windows, state, writer, total_steps, epoch)
         last_epoch = epoch == config.train.epochs or out_of_time(config, time.perf_counter() - started)
         if run.main:
@@ -246,6 +251,11 @@ def _fit_locked(run: TrainingRun, windows: Tensor, validate: Validate, resume: b
             state.seconds = time.perf_counter() - started
             state.history.append(record)
             _log_epoch(writer, record, device)
+        if config.train.schedule == "wsd" and state.decay_start is None:
+            plateau = run.main and state.bad_evals >= config.train.decay_patience
+            if plateau if run.dist is None else from_main(plateau):
+                start_decay(state, epoch, steps_per_epoch, config)
+        if run.main:
             save_checkpoint(run_dir, model, run.optimizer, run.generator, state, config)
         stop = run.main and _stops_after(config, state, epoch, last_epoch)
         if stop if run.dist is None else from_main(stop):  # every rank leaves the loop at rank 0's epoch
@@ -266,7 +276,23 @@ def _result(best: Retriever, state: TrainState) -> FitResult:
     )
 
 
+def start_decay(state: TrainState, epoch: int, steps_per_epoch: int, config: RunConfig) -> None:
+    """wsd: the validation plateau starts the decay now; it lasts decay_fraction of the epochs run (rounded up)."""
+    state.decay_start = state.step
+    state.decay_steps = math.ceil(config.train.decay_fraction * epoch) * steps_per_epoch
+    log.info("epoch %d: no %s gain for %d validations, lr decays over the next %d steps", epoch, SELECTION_METRIC,
+             config.train.decay_patience, state.decay_steps)
+
+
+def decay_done(state: TrainState) -> bool:
+    """Whether wsd's decay has begun and reached its last step (training ends there)."""
+    return state.decay_start is not None and state.step >= state.decay_start + state.decay_steps
+
+
 def _stops_after(config: RunConfig, state: TrainState, epoch: int, last_epoch: bool) -> bool:
+    if decay_done(state):
+        log.info("lr decay ended at epoch %d", epoch)
+        return True
     if state.bad_evals >= config.train.patience:
         log.info("early stop at epoch %d: no %s gain for %d validations", epoch, SELECTION_METRIC,
                  config.train.patience)
@@ -300,11 +326,12 @@ def run_epoch(
     epoch_start = time.perf_counter()
     losses: list[float] = []
     n_sequences = 0
-    lr = lr_at(state.step, total_steps, config)
+    decay = None if state.decay_start is None else (state.decay_start, state.decay_steps)
+    lr = lr_at(state.step, total_steps, config, decay)
     bar = tqdm(batches(windows, batch_size, run.generator), total=steps, desc=f"epoch {epoch}",
                unit="batch", disable=not (run.progress and run.main) or None, leave=False)
     for batch in bar:
-        lr = lr_at(state.step, total_steps, config)
+        lr = lr_at(state.step, total_steps, config, decay)
         for group in run.optimizer.param_groups:
             group["lr"] = lr
         loss, grad_norm = train_step(run.model, batch, run.optimizer, config, run.ctx, objective=run.objective)

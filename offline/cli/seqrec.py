@@ -21,6 +21,7 @@ from offline.cli.rank import add_mine_parser, add_train_ranker_parser
 from offline.cli.recommend import add_recommend_parser
 from offline.cli.serve import add_serve_parser
 from offline.cli.train import add_evaluate_parser, add_export_parser, add_train_parser
+from offline.cli.tune import add_tune_parser
 from retriever.errors import SeqrecError
 
 
@@ -32,7 +33,7 @@ def _add_bench(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 # In the order `seqrec --help` lists them: the job's flow, then serving, benches and analysis.
 COMMANDS: tuple[Callable[[Subparsers, argparse.ArgumentParser], None], ...] = (
-    add_prepare_parser, add_train_parser, add_export_parser, add_evaluate_parser, add_mine_parser,
+    add_prepare_parser, add_train_parser, add_tune_parser, add_export_parser, add_evaluate_parser, add_mine_parser,
     add_train_ranker_parser, add_pipeline_parser, add_demo_parser, add_serve_parser, add_recommend_parser, _add_bench,
     add_analyze_parser,
 )

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
 from offline.tables import markdown_table
+from offline.tune.section import TuneSection
 from ranker.config import RankerSection
 from retriever.atomic import atomic_write
 from retriever.config import read_yaml
@@ -61,6 +62,7 @@ class PipelineConfig(_Strict):
     data: DataSpec
     retriever: Path = Field(description="run config YAML of the retriever (relative to this file)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="section.key: value for the retriever")
+    tune: TuneSection | None = Field(None, description="search the retriever config first (`seqrec tune`)")
     index: Literal["auto", "flat", "hnsw", "ivf"] = "auto"
     ranker: RankerSection = Field(default_factory=RankerSection)
     keep: int = Field(3, ge=1, description="published versions to keep")
@@ -251,6 +253,11 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
     if threads is not None:
         overrides.append(f"train.threads={threads}")
     retriever_config = load_config(config.retriever, overrides)
+    if config.tune is not None:  # the search starts from the config and overrides above (offline/tune)
+        from offline.tune.study import tuned_config
+
+        base = retriever_config.model_dump(mode="json")
+        retriever_config = tuned_config(config.tune, base, load_prepared(run.data), run.folder / "tune")
     resume = (run.bundle / "run" / "last.pt").exists()
     if (run.bundle / "manifest.json").exists():  # killed after the artifact was written: nothing left to do
         manifest = read_manifest(run.bundle)

@@ -1,0 +1,242 @@
+"""One `seqrec tune` search: an Optuna study whose trials are retriever training runs.
+
+Each trial draws a config from the declared space (offline/tune/space.py) with a seeded TPE
+sampler, trains it with the shared loop, and reports validation NDCG@10 after every evaluation
+through the loop's validation callback, where the median pruner may stop it. The study lives in
+an RDB storage (``OUT/study.db``, sqlite, by default): rerunning the same command continues it
+up to ``trials`` finished trials. Nothing during the search reads the test split; once the search
+ends, the best trial's weights are scored on validation and test, once, and reported side by side.
+
+The budget is wall-clock minutes, or CPU minutes of this process (``clock="cpu"``) on a shared
+machine, checked between trials. A trial running at the wall-clock deadline is ended by the
+training loop's own ``train.budget_minutes`` (its best epoch counts, the trial completes); on the
+CPU clock it is stopped at its next evaluation and counts as pruned.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+
+from offline.data.prepared import PreparedDataset
+from offline.jobs.train import dataset_fingerprint, dense_metrics, evaluation_sample, item_feature_matrix
+from offline.tune.report import write_report
+from offline.tune.section import Clock, TuneSection
+from offline.tune.space import PARAMS, DataShape, suggest
+from retriever.checkpoint import SELECTION_METRIC, load_weights
+from retriever.config import RunConfig, config_from_dict, load_config
+from retriever.errors import SeqrecError
+from retriever.model import Retriever
+from retriever.repeats import resolve_repeats
+from retriever.train import Validate, fit
+
+log = logging.getLogger(__name__)
+STUDY_NAME = "seqrec-tune"
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int | None = None  # finished trials the study should hold (a rerun adds the missing ones)
+    budget_minutes: float | None = None  # of this invocation
+    clock: Clock = "wall"
+    seed: int = 0  # the TPE sampler's
+    storage: str | None = None  # an Optuna RDB URL; default sqlite:///OUT/study.db
+    fixed: dict[str, Any] = field(default_factory=dict)  # searched parameters pinned to a value
+    startup_trials: int = 2  # trials the pruner lets finish before it compares
+    warmup_evals: int = 5  # evaluations of a trial before it may be pruned
+
+    def check(self) -> None:
+        if self.trials is None and self.budget_minutes is None:
+            raise SeqrecError("seqrec tune needs --trials N or --budget-minutes M (or both)")
+        if self.trials is not None and self.trials < 1:
+            raise SeqrecError(f"--trials must be >= 1, got {self.trials}")
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            raise SeqrecError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
+        unknown = sorted(set(self.fixed) - set(PARAMS))
+        if unknown:
+            raise SeqrecError(f"--fix: unknown parameter(s) {', '.join(unknown)}; searched: {', '.join(PARAMS)}")
+
+
+class Budget:
+    """Minutes of wall-clock or process CPU time from now; None = no limit."""
+
+    def __init__(self, minutes: float | None, clock: Clock) -> None:
+        self.read: Callable[[], float] = time.process_time if clock == "cpu" else time.perf_counter
+        self.minutes, self.start, self.clock = minutes, self.read(), clock
+        self.started = {"wall": time.perf_counter(), "cpu": time.process_time()}
+
+    def used(self) -> dict[str, float]:
+        """Minutes used on both clocks (on a shared machine they differ)."""
+        return {"wall_minutes": round((time.perf_counter() - self.started["wall"]) / 60, 2),
+                "cpu_minutes": round((time.process_time() - self.started["cpu"]) / 60, 2)}
+
+    def used_minutes(self) -> float:
+        return (self.read() - self.start) / 60
+
+    def spent(self) -> bool:
+        return self.minutes is not None and self.used_minutes() >= self.minutes
+
+    def wall_minutes_left(self) -> float | None:
+        """Wall-clock minutes left (None: no wall-clock budget), for the training loop's own budget."""
+        if self.minutes is None or self.clock != "wall":
+            return None
+        return max(0.01, self.minutes - self.used_minutes())
+
+
+def with_features(raw: dict[str, Any], data: PreparedDataset) -> tuple[RunConfig, torch.Tensor | None]:
+    """The run config of ``raw`` and its item-feature matrix, as `seqrec train` builds them."""
+    config = config_from_dict(raw, source="trial config")
+    if not config.model.item_features:
+        return config, None
+    features, n_features = item_feature_matrix(data, config.model.item_features)
+    full = config.model_dump(mode="json")
+    full["model"].update(n_features=n_features, features_per_item=features.shape[1])
+    return config_from_dict(full, source="config with item features"), torch.from_numpy(features)
+
+
+def _reporting(validate: Validate, trial: optuna.Trial, eval_every: int, budget: Budget) -> Validate:
+    """The training loop's validation callback, reporting each evaluation to the pruner."""
+    evaluations = 0
+
+    def report(model: Retriever) -> dict[str, float]:
+        nonlocal evaluations
+        metrics = validate(model)
+        evaluations += 1
+        trial.report(metrics[SELECTION_METRIC], evaluations * eval_every)
+        out_of_cpu = budget.clock == "cpu" and budget.spent()  # wall-clock: the loop's own budget ends the trial
+        if trial.should_prune() or out_of_cpu:
+            trial.set_user_attr("stopped_by", "budget" if out_of_cpu else "pruner")
+            raise optuna.TrialPruned(f"stopped after evaluation {evaluations}")
+        return metrics
+
+    return report
+
+
+class Search:
+    """What every trial of one search shares: the data, the base config, the output folder."""
+
+    def __init__(self, base: dict[str, Any], data: PreparedDataset, out: Path, budget: Budget) -> None:
+        self.base, self.data, self.out, self.budget = base, data, out, budget
+        self.split = data.split()
+        self.shape = DataShape.from_lengths(self.split.train.lengths)
+
+    def run_dir(self, number: int) -> Path:
+        return self.out / "trials" / f"{number:04d}"
+
+    def validation(self, config: RunConfig) -> Validate:
+        exclude_seen = resolve_repeats(config.train.repeats, self.data.repeat_shares["valid"]) == "exclude"
+        evaluated = evaluation_sample(self.split, config.train.eval_users, config.train.seed)
+        n_items, max_len = self.data.n_items, config.max_len(self.data.n_items)
+
+        def validate(model: Retriever) -> dict[str, float]:
+            return dense_metrics(model, evaluated, n_items, max_len, ("valid",), config.train.eval_batch_size,
+                                 exclude_seen=exclude_seen)["valid"]
+
+        return validate
+
+    def objective(self, trial: optuna.Trial) -> float:
+        raw = suggest(trial, self.base, self.shape)
+        trial.set_user_attr("config", json.dumps(raw))
+        left = self.budget.wall_minutes_left()
+        if left is not None:  # a trial at the deadline stops as `train.budget_minutes` does: its best epoch counts
+            raw = copy.deepcopy(raw)
+            raw["train"]["budget_minutes"] = min(left, raw["train"].get("budget_minutes") or left)
+        config, features = with_features(raw, self.data)
+        validate = _reporting(self.validation(config), trial, config.train.eval_every, self.budget)
+        result = fit(config, self.split.train.offsets, self.split.train.items, self.data.n_items, validate,
+                     self.run_dir(trial.number) / "run", progress=False, item_features=features)
+        trial.set_user_attr("best_epoch", result.best_epoch)
+        trial.set_user_attr("epochs_run", len(result.history))
+        trial.set_user_attr("minutes", round(result.seconds / 60, 2))
+        return result.best_metric
+
+    def final_metrics(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        """The best trial's best epoch on validation and test: the one time the search reads test."""
+        config, features = with_features(json.loads(trial.user_attrs["config"]), self.data)
+        model = config.build(self.data.n_items)
+        if features is not None:
+            model.encoder.set_item_features(features)
+        load_weights(self.run_dir(trial.number) / "run" / "best.pt", model)
+        exclude_seen = resolve_repeats(config.train.repeats, self.data.repeat_shares["valid"]) == "exclude"
+        evaluated = evaluation_sample(self.split, config.train.eval_users, config.train.seed)
+        return dense_metrics(model, evaluated, self.data.n_items, config.max_len(self.data.n_items),
+                             ("valid", "test"), config.train.eval_batch_size, exclude_seen=exclude_seen)
+
+
+def open_study(out: Path, options: TuneOptions, identity: dict[str, Any]) -> optuna.Study:
+    """The study in ``options.storage`` (default OUT/study.db), created or continued; refuses another search's."""
+    out.mkdir(parents=True, exist_ok=True)
+    url = options.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    storage = optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
+    sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(seed=options.seed)
+    if options.fixed:
+        sampler = optuna.samplers.PartialFixedSampler(options.fixed, sampler)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=options.startup_trials, n_warmup_steps=options.warmup_evals)
+    study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize", sampler=sampler,
+                                pruner=pruner, load_if_exists=True)
+    stored = study.user_attrs.get("identity")
+    if stored is None:
+        study.set_user_attr("identity", identity)
+    elif stored != identity:
+        raise SeqrecError(f"{url} holds a search of another config or dataset; choose a new --out")
+    return study
+
+
+def finished(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOptions,
+         command: str = "") -> dict[str, Any]:
+    """Search, then score the best trial on test once; writes OUT/{best.yaml,trials.md,trials.csv,history.png,
+    result.json} and returns result.json's content."""
+    options.check()
+    config_from_dict(base, source="base config")  # a bad base config fails before any trial
+    budget = Budget(options.budget_minutes, options.clock)
+    identity = {"base": base, "data": dataset_fingerprint(data)}
+    study = open_study(out, options, json.loads(json.dumps(identity, default=str)))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    search = Search(base, data, out, budget)
+    started = 0  # every invocation runs one trial at least, however small its budget
+    while (started == 0 or not budget.spent()) and (options.trials is None or finished(study) < options.trials):
+        started += 1
+        study.optimize(search.objective, n_trials=1, catch=(SeqrecError,))
+        trial = study.trials[-1]
+        log.info("trial %d %s: valid %s %s (%.1f of %s %s-minutes used)", trial.number, trial.state.name,
+                 SELECTION_METRIC, trial.value, budget.used_minutes(), options.budget_minutes, options.clock)
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not complete:
+        raise SeqrecError(f"no trial finished within the budget ({finished(study)} pruned or stopped); "
+                          "raise --budget-minutes or --trials")
+    best = study.best_trial
+    metrics = search.final_metrics(best)
+    result = {
+        "command": command, "trials": len(study.trials), "finished": finished(study),
+        "best_trial": best.number, "best_params": best.params, "best_epoch": best.user_attrs.get("best_epoch"),
+        "search_valid": {SELECTION_METRIC: best.value}, "valid": metrics["valid"], "test": metrics["test"],
+        "budget": {"minutes": options.budget_minutes, "clock": options.clock, **budget.used()},
+        "fixed": options.fixed,
+        "sampler_seed": options.seed, "data": identity["data"],
+    }
+    write_report(study, json.loads(best.user_attrs["config"]), result, out)
+    return result
+
+
+def tuned_config(section: TuneSection, base: dict[str, Any], data: PreparedDataset, out: Path) -> RunConfig:
+    """The pipeline's retriever config: ``out/best.yaml`` of a finished search, or a search run (or continued) now."""
+    best = out / "best.yaml"
+    if not best.exists():
+        options = TuneOptions(trials=section.trials, budget_minutes=section.minutes, clock=section.clock,
+                              seed=section.seed, fixed=section.fix)
+        tune(base, data, out, options, command="seqrec pipeline (tune section)")
+    return load_config(best)

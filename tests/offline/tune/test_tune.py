@@ -1,0 +1,146 @@
+"""`seqrec tune`: a seeded search on the tiny data, resumed from its sqlite study, whose best.yaml trains;
+the test split is read only after the search; bad arguments are one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from offline.cli import main
+from offline.data.split import LeaveOneOut
+from offline.tune.space import SCHEDULES
+from offline.tune.study import Search
+from tests.tiny import prepare_tiny
+
+# Small choices of the searched sizes (the space's own values) keep each trial to a second or two.
+PINS = ["--fix", "d_model=32", "--fix", "n_layers=1", "--fix", "max_len=20", "--fix", "batch_size=256"]
+BASE = ["--train.epochs", "2", "--threads", "1", "--seed", "3", "-q"]
+
+
+@pytest.fixture
+def test_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records 'search' or 'final' for each read of the test split's inputs or targets."""
+    reads: list[str] = []
+    phase = ["search"]
+    real_inputs, real_targets, real_final = LeaveOneOut.inputs, LeaveOneOut.targets, Search.final_metrics
+
+    def inputs(self: LeaveOneOut, split: str):  # type: ignore[no-untyped-def]
+        if split == "test":
+            reads.append(phase[0])
+        return real_inputs(self, split)  # type: ignore[arg-type]
+
+    def targets(self: LeaveOneOut, split: str):  # type: ignore[no-untyped-def]
+        if split == "test":
+            reads.append(phase[0])
+        return real_targets(self, split)  # type: ignore[arg-type]
+
+    def final(self: Search, trial):  # type: ignore[no-untyped-def]
+        phase[0] = "final"
+        try:
+            return real_final(self, trial)
+        finally:
+            phase[0] = "search"
+
+    monkeypatch.setattr(LeaveOneOut, "inputs", inputs)
+    monkeypatch.setattr(LeaveOneOut, "targets", targets)
+    monkeypatch.setattr(Search, "final_metrics", final)
+    return reads
+
+
+def test_tune_searches_resumes_and_its_best_config_trains(tmp_path: Path, test_reads: list[str]) -> None:
+    data, out = prepare_tiny(tmp_path / "data"), tmp_path / "tune"
+    test_reads.clear()  # `seqrec prepare` records the test targets' repeat share; the search starts now
+    args = ["tune", "--data", str(data), "--out", str(out), *PINS, *BASE]
+    assert main([*args, "--trials", "2"]) == 0
+    assert test_reads
+    assert set(test_reads) == {"final"}
+    with (out / "trials.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["trial"] for r in rows] == ["0", "1"]
+    assert all(r["d_model"] == "32" and r["schedule"] in SCHEDULES for r in rows)
+    first = json.loads((out / "result.json").read_text())
+    assert first["valid"]["NDCG@10"] == pytest.approx(first["search_valid"]["NDCG@10"], abs=1e-6)
+    assert "NDCG@10" in first["test"]
+    assert (out / "history.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| trial | state |" in (out / "trials.md").read_text()
+
+    # Rerunning continues the study in OUT/study.db: one more trial, numbered after the first two.
+    assert main([*args, "--trials", "3"]) == 0
+    assert json.loads((out / "result.json").read_text())["trials"] == 3
+    assert (out / "trials" / "0002").is_dir()
+
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert best["model"]["d_model"] == 32
+    assert main(["train", "--config", str(out / "best.yaml"), "--data", str(data), "--out", str(tmp_path / "a"),
+                 "-q"]) == 0
+    assert (tmp_path / "a" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ([], "needs --trials N or --budget-minutes M"),
+    (["--trials", "0"], "--trials must be >= 1"),
+    (["--budget-minutes", "-1"], "--budget-minutes must be > 0"),
+    (["--trials", "1", "--fix", "width=3"], "unknown parameter(s) width"),
+    (["--trials", "1", "--fix", "oops"], "must look like PARAM=VALUE"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str],
+                                           message: str) -> None:
+    assert main(["tune", "--data", str(tmp_path), "--out", str(tmp_path / "o"), *extra]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("seqrec: error:")
+    assert message in err
+    assert "\n" not in err
+
+
+def test_a_missing_data_folder_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["tune", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--trials", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("seqrec: error:")
+    assert "\n" not in err
+
+
+def _pipeline_config(tmp_path: Path, tune: dict) -> Path:
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
+        "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10},
+        "train": {"epochs": 2, "batch_size": 64, "seed": 3, "threads": 1}}))
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tiny",
+        "data": {"dataset": "synthetic", "synthetic": {"n_users": 150, "n_items": 60, "mean_length": 12, "seed": 1}},
+        "retriever": "tiny.yaml", "ranker": {"kind": "none"}, "tune": tune}))
+    return path
+
+
+def test_pipeline_tune_section_needs_a_budget(tmp_path: Path) -> None:
+    from offline.jobs.pipeline import load_pipeline_config
+    from retriever.errors import SeqrecError
+
+    assert load_pipeline_config(_pipeline_config(tmp_path, {"trials": 2})).tune is not None
+    with pytest.raises(SeqrecError, match="trials or minutes"):
+        load_pipeline_config(_pipeline_config(tmp_path, {"seed": 1}))
+
+
+@pytest.mark.slow
+def test_pipeline_tunes_then_trains_the_best_config(tmp_path: Path) -> None:
+    fix = {"d_model": 32, "n_layers": 1, "max_len": 20, "batch_size": 256}
+    config = _pipeline_config(tmp_path, {"trials": 2, "fix": fix})
+    assert main(["pipeline", "--config", str(config), "--out", str(tmp_path / "artifacts"), "-q"]) == 0
+    manifest = json.loads((tmp_path / "artifacts" / "current" / "config.json").read_text())
+    assert manifest["model"]["d_model"] == 32  # the tuned config, not tiny.yaml's 16
+
+
+def test_a_trial_at_the_wall_clock_deadline_completes_with_its_best_epoch(tmp_path: Path) -> None:
+    data, out = prepare_tiny(tmp_path / "data"), tmp_path / "tune"
+    assert main(["tune", "--data", str(data), "--out", str(out), "--budget-minutes", "0.001", *PINS, *BASE,
+                 "--train.epochs", "5"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["trials"] == 1  # the budget was spent during the first trial, which still counts
+    with (out / "trials.csv").open() as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert row["state"] == "complete"
+    assert int(row["epochs"]) < 5  # ended by the budget, not the epoch limit
+    assert "budget_minutes" not in yaml.safe_load((out / "best.yaml").read_text())["train"]
