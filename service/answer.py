@@ -48,7 +48,8 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     candidates = bundle.default_candidates(body.k) if body.candidates is None else body.candidates
     query = Query(used, k=body.k, candidates=candidates, exclude_seen=exclude_seen,
                   rerank=body.rerank, personalize=body.personalize,
-                  exclude=tuple(sorted(excluded - set(used))) if exclude_seen else ())
+                  exclude=tuple(sorted(excluded - set(used))) if exclude_seen else (),
+                  user=body.user_id if body.history is None else None)
     queued = time.perf_counter()
     result = await engine.recommend(query, bundle)  # the bundle the ids were mapped with
     total = 1000 * (time.perf_counter() - start)

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.bundle import Bundle, load_bundle, resolve_bundle
 from service.deps import State, require_key
@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
                   exception_handlers={RequestValidationError: invalid, StarletteHTTPException: http_error,
                                       StoreUnavailable: store_down},
                   description="Two-stage sequential recommendations: retrieval over a FAISS index, then reranking.")
-    app.add_middleware(BaseHTTPMiddleware, dispatch=metrics.measure)
+    app.add_middleware(_Measured, metrics=metrics)
     # Without a key, writes are open, and the OpenAPI document says so (no security scheme, no 401).
     guarded = settings.api_key_value() is not None
     for router in ROUTERS:
@@ -91,6 +91,16 @@ async def lifespan(app: FastAPI, *, settings: Settings, metrics: Metrics,
     finally:
         await engine.stop()
         await store.close()
+
+
+class _Measured:
+    """`Metrics.middleware` in the shape `add_middleware` takes (a class called with the next app)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.handle = metrics.middleware(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handle(scope, receive, send)
 
 
 async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

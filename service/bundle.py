@@ -22,6 +22,7 @@ from ranker.artifact import RankerArtifact, load_ranker, unit_item_vectors
 from ranker.features import TorchTables
 from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, load_artifact
 from retriever.errors import SeqrecError
+from service.cache import UserVectors
 from service.recommend import Query, recommend_batch
 
 CURRENT = "current"
@@ -44,6 +45,8 @@ class Bundle:
     popular: np.ndarray  # internal ids, most popular first (the cold-start answer)
     popularity: np.ndarray  # (n_items + 1,) training counts (or the ranker's popularity), the fallback's score
     loaded_at: float = field(default_factory=time.time)
+    # stored users' vectors, keyed by user and history; a reload brings a new bundle, so an empty cache
+    user_cache: UserVectors = field(default_factory=UserVectors, repr=False, compare=False)
     # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.
     _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
     popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular
@@ -55,6 +58,12 @@ class Bundle:
         rank[self.popular] = np.arange(1, len(order) + 1)
         object.__setattr__(self, "_by_popularity", rows)
         object.__setattr__(self, "popularity_rank", rank)
+
+    def encode(self, history: torch.Tensor) -> torch.Tensor:
+        """(B, T) left-padded internal ids -> (B, D) float32 user vectors (not normalised): the one place the
+        served encoder runs, so another inference path (a compiled one) plugs in here."""
+        with torch.inference_mode():
+            return self.artifact.model.user_vectors(history).float()
 
     @property
     def version(self) -> str:

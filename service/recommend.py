@@ -23,6 +23,7 @@ from retriever.artifact import RetrieverArtifact
 from retriever.errors import SeqrecError
 from retriever.index import search
 from retriever.windows import padded_slices
+from service.cache import UserVectors
 
 
 class Servable(Protocol):
@@ -38,9 +39,12 @@ class Servable(Protocol):
     @property
     def vectors(self) -> torch.Tensor: ...  # (n_items + 1, D) unit item vectors, row 0 = 0
     @property
+    def user_cache(self) -> UserVectors: ...
+    @property
     def max_len(self) -> int: ...
     @property
     def n_items(self) -> int: ...
+    def encode(self, history: torch.Tensor) -> torch.Tensor: ...  # (B, T) -> (B, D) float32, not normalised
 
 
 B = TypeVar("B", bound=Servable)
@@ -55,6 +59,7 @@ class Query:
     rerank: bool = True
     personalize: bool = False
     exclude: tuple[int, ...] = ()  # further internal ids never to return (the rest of a long history)
+    user: str | None = None  # the stored user whose history this is: its vector is cached (`service.cache`)
 
 
 @dataclass
@@ -104,18 +109,26 @@ def _padded_histories(queries: Sequence[Query], max_len: int) -> torch.Tensor:
 
 def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Query], *, beta: float,
                   steps: int) -> torch.Tensor:
-    """(B, D) unit user vectors: one forward pass for the plain queries, PCRec-simple for the others."""
-    model = bundle.artifact.model
-    plain = [i for i, q in enumerate(queries) if not q.personalize]
+    """(B, D) unit user vectors: cached for stored users whose history has not changed, one forward pass for
+    the other plain queries, PCRec-simple for the personalised ones."""
+    cache = bundle.user_cache
+    cached = {i: v for i, q in enumerate(queries) if q.user is not None and not q.personalize
+              and (v := cache.get(q.user, q.history)) is not None}
+    plain = [i for i, q in enumerate(queries) if not q.personalize and i not in cached]
     user = torch.zeros(len(queries), bundle.vectors.shape[1])  # a normal tensor: personalize writes into it too
     if plain:
-        with torch.inference_mode():
-            vectors = model.user_vectors(history[plain]).float()
-        user[plain] = vectors
+        user[plain] = bundle.encode(history[plain])
     special = [i for i, q in enumerate(queries) if q.personalize]
     if special:
+        model = bundle.artifact.model
         user[special] = model.personalize(history[special], beta=beta, steps=steps).detach().float()
-    return torch.nn.functional.normalize(user, dim=-1)
+    user = torch.nn.functional.normalize(user, dim=-1)
+    for i, vector in cached.items():
+        user[i] = vector
+    for i in plain:
+        if (name := queries[i].user) is not None:
+            cache.put(name, queries[i].history, user[i])
+    return user
 
 
 def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,8 @@ class Settings(BaseSettings):
                           "it the least recently recorded are forgotten")
     api_key: SecretStr | None = Field(None, description="when set, writes and /admin need `Bearer <key>`")
     max_batch: int = Field(32, ge=1, le=1024, description="requests micro-batched into one forward pass")
-    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="how long a batch waits for more requests")
+    max_wait_ms: float = Field(0.0, ge=0, le=1000, description="extra wait for more requests before a batch "
+                               "runs; 0 = adaptive: a batch holds what queued while the last one ran")
     threads: int = Field(1, ge=1, le=256, description="torch and FAISS threads for inference")
     personalize_beta: float = Field(1e-5, ge=0, le=1, description="PCRec-simple step size (`personalize: true`)")
     personalize_steps: int = Field(1, ge=0, le=10, description="PCRec-simple gradient steps per request")

@@ -80,22 +80,23 @@ def stop_process(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S
 
 
 class UvicornProcess:
-    """``uvicorn APP_SPEC --factory`` on 127.0.0.1:``port`` (a free one by default), one worker.
+    """``uvicorn APP_SPEC --factory`` on 127.0.0.1:``port`` (a free one by default), ``workers`` workers.
 
     ``env`` is the process's whole environment; its stdout and stderr go to ``log`` (a file, not a
     pipe: a chatty server can never block on a full pipe). ``launch`` starts it, ``wait_ready``
     waits for GET /readyz, ``stop`` ends it."""
 
     def __init__(self, app_spec: str, env: Mapping[str, str], log: Path, *, port: int | None = None,
-                 cwd: Path | None = None, grace_s: float = STOP_GRACE_S) -> None:
+                 cwd: Path | None = None, grace_s: float = STOP_GRACE_S, workers: int = 1) -> None:
         self.app_spec, self.env, self.log, self.cwd, self.grace_s = app_spec, dict(env), log, cwd, grace_s
+        self.workers = workers
         self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "uvicorn", self.app_spec, "--factory", "--host", "127.0.0.1",
-                "--port", str(self.port), "--workers", "1", "--log-level", "warning"]
+                "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"]
 
     def launch(self) -> UvicornProcess:
         with self.log.open("ab") as sink:
@@ -137,12 +138,13 @@ class RunningServer:
 
 @contextlib.contextmanager
 def start_server_process(app_spec: str, env: Mapping[str, str] | None = None, port: int | None = None, *,
-                         ready_timeout_s: float = 60.0) -> Iterator[RunningServer]:
+                         ready_timeout_s: float = 60.0, workers: int = 1) -> Iterator[RunningServer]:
     """Run ``uvicorn APP_SPEC --factory`` in a subprocess; yield a ``RunningServer`` once GET /readyz
     answers 2xx; stop it (SIGTERM, then SIGKILL after 10 s) on exit. ``env`` is added to this
     process's environment (e.g. SEQREC_ARTIFACTS, SEQREC_THREADS=1)."""
     with tempfile.TemporaryDirectory(prefix="seqrec-serve-") as tmp:
-        server = UvicornProcess(app_spec, {**os.environ, **(env or {})}, Path(tmp) / "server.log", port=port)
+        server = UvicornProcess(app_spec, {**os.environ, **(env or {})}, Path(tmp) / "server.log", port=port,
+                                workers=workers)
         try:
             server.launch().wait_ready(ready_timeout_s)
             assert server.proc is not None
@@ -153,9 +155,9 @@ def start_server_process(app_spec: str, env: Mapping[str, str] | None = None, po
 
 @contextlib.contextmanager
 def start_server(app_spec: str, env: Mapping[str, str] | None = None, port: int | None = None, *,
-                 ready_timeout_s: float = 60.0) -> Iterator[str]:
+                 ready_timeout_s: float = 60.0, workers: int = 1) -> Iterator[str]:
     """``start_server_process``, yielding only the base URL."""
-    with start_server_process(app_spec, env, port, ready_timeout_s=ready_timeout_s) as server:
+    with start_server_process(app_spec, env, port, ready_timeout_s=ready_timeout_s, workers=workers) as server:
         yield server.url
 
 

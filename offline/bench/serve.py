@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from offline.bench.load import LoadResult, run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.processes import start_server
+from offline.bench.serve_check import check_answers
 from offline.bench.sweeps import max_sustained_rate, parse_rates, report_table
 from offline.tables import markdown_table
 
@@ -60,16 +61,20 @@ def noop_app() -> FastAPI:
 
 
 def _measure(args: argparse.Namespace, rates: Sequence[float], label: str, app: str, env: dict[str, str],
-             payloads: list[dict[str, Any]], runs: list[LoadResult]) -> dict[str, Any]:
-    """One server: a short warm-up, the p99 at --check-rate, then the rates stepped up until one fails."""
+             payloads: list[dict[str, Any]], runs: list[LoadResult],
+             answers: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One server: a short warm-up, the p99 at --check-rate, the rates stepped up until one fails, then
+    ``answers(url)`` (the served answers checked against the reference path) on the same server."""
     options = {"arrivals": args.arrivals, "timeout_s": args.timeout, "label": label}
-    with start_server(app, env) as url:
-        run_load(url, payloads, min(rates), 2.0, 0.5, args.seed, **options)  # warm the server up
+    with start_server(app, env, workers=args.workers) as url:
+        run_load(url, payloads, min(rates), 2.0, 0.5, args.seed, **options)  # warm the server (every worker) up
         check = run_load(url, payloads, args.check_rate, args.duration, args.warmup, args.seed, **options)
         sustained = max_sustained_rate(url, payloads, rates, args.duration, args.warmup, args.seed, **options)
+        checked = None if answers is None else answers(url)
     runs.extend([check, *sustained.results])
-    return {"check": check.to_dict(), "max_rate_p99_50ms": sustained.rate,
-            "sweep": [r.to_dict() for r in sustained.results]}
+    out = {"check": check.to_dict(), "max_rate_p99_50ms": sustained.rate,
+           "sweep": [r.to_dict() for r in sustained.results]}
+    return out if checked is None else {**out, "answers": checked}
 
 
 def run_serve_bench(args: argparse.Namespace) -> int:
@@ -91,7 +96,8 @@ def run_serve_bench(args: argparse.Namespace) -> int:
                 payload["personalize"] = True
         name = Path(bundle).name
         noop = _measure(args, rates, f"no-op ({name} bodies)", NOOP_APP, env, payloads, runs)
-        service = _measure(args, rates, name, SERVICE_APP, {**env, "SEQREC_ARTIFACTS": str(bundle)}, payloads, runs)
+        service = _measure(args, rates, name, SERVICE_APP, {**env, "SEQREC_ARTIFACTS": str(bundle)}, payloads, runs,
+                           lambda url, b=bundle, p=payloads: check_answers(url, Path(b), p[: args.check_answers]))
         ratio = (service["max_rate_p99_50ms"] / noop["max_rate_p99_50ms"]
                  if service["max_rate_p99_50ms"] and noop["max_rate_p99_50ms"] else None)
         report["targets"][name] = {"bundle": str(bundle), "catalogue": len(item_ids), "noop": noop,
@@ -100,7 +106,10 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     text = serve_markdown(report, runs)
     (args.out / "serve.md").write_text(text)
     print(text)
-    return 0
+    failed = [name for name, t in report["targets"].items() if not t["service"]["answers"]["passed"]]
+    if failed:
+        print(f"served answers differ from the reference path for {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 def serve_markdown(report: dict[str, Any], runs: Sequence[LoadResult]) -> str:
@@ -111,15 +120,18 @@ def serve_markdown(report: dict[str, Any], runs: Sequence[LoadResult]) -> str:
     for name, t in report["targets"].items():
         check = t["service"]["check"]
         ratio = "" if t["ratio_to_noop"] is None else f"{t['ratio_to_noop']:.3f}"
+        a = t["service"].get("answers")
+        answers = "" if a is None else (f"{a['identical_topk']}/{a['checked']} identical, max score diff "
+                                        f"{a['max_score_diff']:.1e}: {'pass' if a['passed'] else 'FAIL'}")
         rows.append([name, t["catalogue"], f"{check['p99_ms']} at {s['check_rate']:g} r/s", check["errors"],
-                     t["service"]["max_rate_p99_50ms"], t["noop"]["max_rate_p99_50ms"], ratio])
+                     t["service"]["max_rate_p99_50ms"], t["noop"]["max_rate_p99_50ms"], ratio, answers])
     head = ["bundle", "items", "p99 at check rate (ms)", "errors", "max rate, p99 <= 50 ms", "no-op max rate",
-            "ratio"]
+            "ratio", "answers vs reference path"]
     lines = ["# seqrec bench serve", "",
              f"Open-loop {s['arrivals']} arrivals, {s['duration']:g} s per rate after {s['warmup']:g} s warm-up; "
              f"histories of {s['min_len']}-{s['max_len']} random catalogue items, k={s['k']}, "
              f"candidates={s['candidates']}, rerank={rerank}, personalize={s['personalize']}; "
-             f"server: 1 uvicorn worker, {s['threads']} torch thread(s), max batch {s['max_batch']}, "
-             f"max wait {s['max_wait_ms']:g} ms.", "", markdown_table(head, rows), "", "## Every run", "",
-             report_table(runs)]
+             f"server (both apps): {s['workers']} uvicorn worker(s), {s['threads']} torch thread(s), max batch "
+             f"{s['max_batch']}, max wait {s['max_wait_ms']:g} ms.", "", markdown_table(head, rows), "",
+             "## Every run", "", report_table(runs)]
     return "\n".join(lines)
