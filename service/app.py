@@ -33,6 +33,7 @@ from service.bundle import Bundle, load_bundle, resolve_bundle
 from service.deps import State, require_key
 from service.engine import Engine, set_threads
 from service.metrics import Metrics
+from service.reloading import watch_current
 from service.routes import admin, events, health, history, items, recommend, web
 from service.schemas import UNAUTHORIZED
 from service.settings import Settings
@@ -86,9 +87,13 @@ async def lifespan(app: FastAPI, *, settings: Settings, metrics: Metrics,
     app.state.seqrec = State(settings, engine, store, metrics)
     log.info("serving %s (%s) from %s; history store: %s", served.version,
              served.ranker.kind if served.ranker else "no ranker", path, store.name)
+    poll = settings.reload_poll()
+    watcher = asyncio.create_task(watch_current(app.state.seqrec, poll), name="seqrec-watch") if poll else None
     try:
         yield
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await engine.stop()
         await store.close()
 
