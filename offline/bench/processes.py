@@ -138,13 +138,14 @@ class RunningServer:
 
 @contextlib.contextmanager
 def start_server_process(app_spec: str, env: Mapping[str, str] | None = None, port: int | None = None, *,
-                         ready_timeout_s: float = 60.0, workers: int = 1) -> Iterator[RunningServer]:
+                         ready_timeout_s: float = 60.0, workers: int = 1,
+                         cwd: Path | None = None) -> Iterator[RunningServer]:
     """Run ``uvicorn APP_SPEC --factory`` in a subprocess; yield a ``RunningServer`` once GET /readyz
     answers 2xx; stop it (SIGTERM, then SIGKILL after 10 s) on exit. ``env`` is added to this
     process's environment (e.g. SEQREC_ARTIFACTS, SEQREC_THREADS=1)."""
     with tempfile.TemporaryDirectory(prefix="seqrec-serve-") as tmp:
         server = UvicornProcess(app_spec, {**os.environ, **(env or {})}, Path(tmp) / "server.log", port=port,
-                                workers=workers)
+                                workers=workers, cwd=cwd)
         try:
             server.launch().wait_ready(ready_timeout_s)
             assert server.proc is not None
@@ -229,3 +230,17 @@ def rss_bytes(pid: int) -> int:
     except OSError as err:
         raise SeqrecError(f"cannot read the memory of process {pid}: {err}") from err
     raise SeqrecError(f"/proc/{pid}/status has no VmRSS line")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its live children (uvicorn's workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(stat.parent.name) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total

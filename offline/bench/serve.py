@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from offline.bench.load import LoadResult, run_load
+from offline.bench.load import LoadResult, due_times, run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import start_server
+from offline.bench.processes import start_server_process, tree_cpu_seconds
 from offline.bench.serve_check import check_answers
 from offline.bench.sweeps import max_sustained_rate, parse_rates, report_table
 from offline.tables import markdown_table
@@ -66,13 +67,20 @@ def _measure(args: argparse.Namespace, rates: Sequence[float], label: str, app: 
     """One server: a short warm-up, the p99 at --check-rate, the rates stepped up until one fails, then
     ``answers(url)`` (the served answers checked against the reference path) on the same server."""
     options = {"arrivals": args.arrivals, "timeout_s": args.timeout, "label": label}
-    with start_server(app, env, workers=args.workers) as url:
+    code = args.server_code
+    if code is not None:  # another version's source tree: the servers import it (cwd first on sys.path)
+        env = {**env, "PYTHONPATH": str(code.resolve())}
+    with start_server_process(app, env, workers=args.workers, cwd=code) as server:
+        url = server.url
         run_load(url, payloads, min(rates), 2.0, 0.5, args.seed, **options)  # warm the server (every worker) up
+        cpu = tree_cpu_seconds(server.pid)
         check = run_load(url, payloads, args.check_rate, args.duration, args.warmup, args.seed, **options)
+        sent = len(due_times(args.check_rate, args.warmup + args.duration, args.seed, args.arrivals))  # with warm-up
+        cpu_ms = 1000 * (tree_cpu_seconds(server.pid) - cpu) / sent
         sustained = max_sustained_rate(url, payloads, rates, args.duration, args.warmup, args.seed, **options)
         checked = None if answers is None else answers(url)
     runs.extend([check, *sustained.results])
-    out = {"check": check.to_dict(), "max_rate_p99_50ms": sustained.rate,
+    out = {"check": check.to_dict(), "cpu_ms_per_request": round(cpu_ms, 3), "max_rate_p99_50ms": sustained.rate,
            "sweep": [r.to_dict() for r in sustained.results]}
     return out if checked is None else {**out, "answers": checked}
 
@@ -83,7 +91,8 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     rates = parse_rates(args.rates)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k != "handler"}
-    report: dict[str, Any] = {"settings": json.loads(json.dumps(settings, default=str)), "targets": {}}
+    report: dict[str, Any] = {"settings": json.loads(json.dumps(settings, default=str)), "targets": {},
+                              "load_average_before": os.getloadavg(), "cores": os.cpu_count()}
     runs: list[LoadResult] = []
     env = {"SEQREC_THREADS": str(args.threads), "SEQREC_MAX_BATCH": str(args.max_batch),
            "SEQREC_MAX_WAIT_MS": str(args.max_wait_ms), "SEQREC_LOG_LEVEL": "warning"}
@@ -100,8 +109,10 @@ def run_serve_bench(args: argparse.Namespace) -> int:
                            lambda url, b=bundle, p=payloads: check_answers(url, Path(b), p[: args.check_answers]))
         ratio = (service["max_rate_p99_50ms"] / noop["max_rate_p99_50ms"]
                  if service["max_rate_p99_50ms"] and noop["max_rate_p99_50ms"] else None)
+        cpu_ratio = noop["cpu_ms_per_request"] / max(service["cpu_ms_per_request"], 1e-9)
         report["targets"][name] = {"bundle": str(bundle), "catalogue": len(item_ids), "noop": noop,
-                                   "service": service, "ratio_to_noop": ratio}
+                                   "service": service, "ratio_to_noop": ratio, "cpu_ratio_to_noop": cpu_ratio}
+    report["load_average_after"] = os.getloadavg()  # what else ran on the machine meanwhile
     (args.out / "serve.json").write_text(json.dumps(report, indent=2))
     text = serve_markdown(report, runs)
     (args.out / "serve.md").write_text(text)
@@ -124,14 +135,22 @@ def serve_markdown(report: dict[str, Any], runs: Sequence[LoadResult]) -> str:
         answers = "" if a is None else (f"{a['identical_topk']}/{a['checked']} identical, max score diff "
                                         f"{a['max_score_diff']:.1e}: {'pass' if a['passed'] else 'FAIL'}")
         rows.append([name, t["catalogue"], f"{check['p99_ms']} at {s['check_rate']:g} r/s", check["errors"],
-                     t["service"]["max_rate_p99_50ms"], t["noop"]["max_rate_p99_50ms"], ratio, answers])
+                     t["service"]["max_rate_p99_50ms"], t["noop"]["max_rate_p99_50ms"], ratio,
+                     t["service"]["cpu_ms_per_request"], t["noop"]["cpu_ms_per_request"],
+                     f"{t['cpu_ratio_to_noop']:.3f}", answers])
     head = ["bundle", "items", "p99 at check rate (ms)", "errors", "max rate, p99 <= 50 ms", "no-op max rate",
-            "ratio", "answers vs reference path"]
+            "ratio", "server CPU ms/request", "no-op CPU ms/request", "CPU ratio", "answers vs reference path"]
+    load = (f"Load average (1, 5, 15 min) of the {report['cores']}-core machine: "
+            f"{', '.join(f'{x:.1f}' for x in report['load_average_before'])} before, "
+            f"{', '.join(f'{x:.1f}' for x in report['load_average_after'])} after (other jobs shared the cores). "
+            "Server CPU ms/request: the server's CPU time (all its processes) over the check-rate run, per "
+            "request offered; CPU ratio = no-op's / seqrec's, the throughput ratio an otherwise idle machine "
+            "would allow.")
     lines = ["# seqrec bench serve", "",
              f"Open-loop {s['arrivals']} arrivals, {s['duration']:g} s per rate after {s['warmup']:g} s warm-up; "
              f"histories of {s['min_len']}-{s['max_len']} random catalogue items, k={s['k']}, "
              f"candidates={s['candidates']}, rerank={rerank}, personalize={s['personalize']}; "
              f"server (both apps): {s['workers']} uvicorn worker(s), {s['threads']} torch thread(s), max batch "
-             f"{s['max_batch']}, max wait {s['max_wait_ms']:g} ms.", "", markdown_table(head, rows), "",
+             f"{s['max_batch']}, max wait {s['max_wait_ms']:g} ms.", "", load, "", markdown_table(head, rows), "",
              "## Every run", "", report_table(runs)]
     return "\n".join(lines)
