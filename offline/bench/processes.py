@@ -244,3 +244,25 @@ def tree_cpu_seconds(pid: int) -> float:
         if int(stat.parent.name) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
             total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return total
+
+
+def tree_memory_bytes(pid: int) -> dict[str, int]:
+    """{"rss", "pss"} summed over process ``pid`` and its live children: PSS splits each shared page between
+    the processes that map it, so their sum is what a tree of workers really holds."""
+    pids = [pid]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    total = {"rss": 0, "pss": 0}
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                name, _, value = line.partition(":")
+                if name.lower() in total:
+                    total[name.lower()] += int(value.split()[0]) * 1024
+        except OSError:
+            continue
+    return total

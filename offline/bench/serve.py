@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from offline.bench.load import LoadResult, due_times, run_load
+from offline.bench.load import LoadResult, run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import start_server_process, tree_cpu_seconds
+from offline.bench.processes import start_server_process, tree_cpu_seconds, tree_memory_bytes
 from offline.bench.serve_check import check_answers
 from offline.bench.sweeps import max_sustained_rate, parse_rates, report_table
 from offline.tables import markdown_table
@@ -64,8 +64,8 @@ def noop_app() -> FastAPI:
 def _measure(args: argparse.Namespace, rates: Sequence[float], label: str, app: str, env: dict[str, str],
              payloads: list[dict[str, Any]], runs: list[LoadResult],
              answers: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """One server: a short warm-up, the p99 at --check-rate, the rates stepped up until one fails, then
-    ``answers(url)`` (the served answers checked against the reference path) on the same server."""
+    """One server: a short warm-up, its CPU time per request at --cpu-rate, the p99 at --check-rate, the rates
+    stepped up until one fails, then ``answers(url)`` (the served answers checked against the reference path)."""
     options = {"arrivals": args.arrivals, "timeout_s": args.timeout, "label": label}
     code = args.server_code
     if code is not None:  # another version's source tree: the servers import it (cwd first on sys.path)
@@ -73,14 +73,17 @@ def _measure(args: argparse.Namespace, rates: Sequence[float], label: str, app: 
     with start_server_process(app, env, workers=args.workers, cwd=code) as server:
         url = server.url
         run_load(url, payloads, min(rates), 2.0, 0.5, args.seed, **options)  # warm the server (every worker) up
-        cpu = tree_cpu_seconds(server.pid)
+        cpu = tree_cpu_seconds(server.pid)  # first, at a rate both apps keep up with: no backlog counts in
+        light = run_load(url, payloads, args.cpu_rate, args.duration, 0.0, args.seed, **options)
+        cpu_ms = 1000 * (tree_cpu_seconds(server.pid) - cpu) / max(light.ok, 1)
         check = run_load(url, payloads, args.check_rate, args.duration, args.warmup, args.seed, **options)
-        sent = len(due_times(args.check_rate, args.warmup + args.duration, args.seed, args.arrivals))  # with warm-up
-        cpu_ms = 1000 * (tree_cpu_seconds(server.pid) - cpu) / sent
         sustained = max_sustained_rate(url, payloads, rates, args.duration, args.warmup, args.seed, **options)
         checked = None if answers is None else answers(url)
-    runs.extend([check, *sustained.results])
-    out = {"check": check.to_dict(), "cpu_ms_per_request": round(cpu_ms, 3), "max_rate_p99_50ms": sustained.rate,
+        memory = {k: round(v / 2**20, 1) for k, v in tree_memory_bytes(server.pid).items()}
+    runs.extend([light, check, *sustained.results])
+    out = {"check": check.to_dict(), "cpu_ms_per_request": round(cpu_ms, 3), "cpu_run": light.to_dict(),
+           "memory_mb": memory,
+           "max_rate_p99_50ms": sustained.rate,
            "sweep": [r.to_dict() for r in sustained.results]}
     return out if checked is None else {**out, "answers": checked}
 
@@ -137,14 +140,15 @@ def serve_markdown(report: dict[str, Any], runs: Sequence[LoadResult]) -> str:
         rows.append([name, t["catalogue"], f"{check['p99_ms']} at {s['check_rate']:g} r/s", check["errors"],
                      t["service"]["max_rate_p99_50ms"], t["noop"]["max_rate_p99_50ms"], ratio,
                      t["service"]["cpu_ms_per_request"], t["noop"]["cpu_ms_per_request"],
-                     f"{t['cpu_ratio_to_noop']:.3f}", answers])
+                     f"{t['cpu_ratio_to_noop']:.3f}", t["service"]["memory_mb"]["pss"], answers])
     head = ["bundle", "items", "p99 at check rate (ms)", "errors", "max rate, p99 <= 50 ms", "no-op max rate",
-            "ratio", "server CPU ms/request", "no-op CPU ms/request", "CPU ratio", "answers vs reference path"]
+            "ratio", "server CPU ms/request", "no-op CPU ms/request", "CPU ratio", "server PSS MB",
+            "answers vs reference path"]
     load = (f"Load average (1, 5, 15 min) of the {report['cores']}-core machine: "
             f"{', '.join(f'{x:.1f}' for x in report['load_average_before'])} before, "
             f"{', '.join(f'{x:.1f}' for x in report['load_average_after'])} after (other jobs shared the cores). "
-            "Server CPU ms/request: the server's CPU time (all its processes) over the check-rate run, per "
-            "request offered; CPU ratio = no-op's / seqrec's, the throughput ratio an otherwise idle machine "
+            f"Server CPU ms/request: the server's CPU time (all its processes) per answered request over a run at "
+            f"{s['cpu_rate']:g} r/s; CPU ratio = no-op's / seqrec's, the throughput ratio an otherwise idle machine "
             "would allow.")
     lines = ["# seqrec bench serve", "",
              f"Open-loop {s['arrivals']} arrivals, {s['duration']:g} s per rate after {s['warmup']:g} s warm-up; "
