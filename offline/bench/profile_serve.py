@@ -38,13 +38,26 @@ BUCKETS = (  # (path fragment of the deepest seqrec frame, bucket), first match 
     ("service/schemas.py", "request validation (seqrec validators)"),
     ("service/store", "history store"),
     ("service/engine.py", "engine (batching, thread hop)"),
+    ("service/metrics.py", "HTTP, validation, event loop (no seqrec frame)"),  # the middleware wraps the ASGI send
     ("service/", "service, other"),
 )
 FRAMEWORK = "HTTP, validation, event loop (no seqrec frame)"
+HOP = "thread hop (executor futures, wake-ups)"
+IDLE = "idle (waiting for work; left out of the shares)"
+# Leaf frames of a thread that waits: uvloop polls in C under Runner.run, the executor's worker blocks on its
+# queue. py-spy's own idle detection misses them with --nonblocking.
+IDLE_LEAVES = ("Runner.run (asyncio/runners.py", "Condition.wait (threading.py",
+               "_worker (concurrent/futures/thread.py", "Event.wait (threading.py")
+HOP_LEAVES = ("_chain_future", "Condition.notify (threading.py", "Future.set_result (concurrent/futures")
 
 
 def bucket(stack: str) -> str:
     """The bucket of one collapsed stack ("frame;frame;...;leaf"), by its deepest seqrec frame."""
+    leaf = stack.rsplit(";", 1)[-1]
+    if leaf.startswith(IDLE_LEAVES):
+        return IDLE
+    if any(hop in leaf for hop in HOP_LEAVES):
+        return HOP
     for frame in reversed(stack.split(";")):
         for fragment, name in BUCKETS:
             if fragment in frame and "site-packages" not in frame:
@@ -93,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_load(server.url, payloads, args.rate, args.seconds + 1, 0.0)
         spy.join()
     counts = shares(raw.read_text())
-    total = max(sum(counts.values()), 1)
-    rows = [[name, n, f"{100 * n / total:.1f}%"] for name, n in counts.most_common()]
+    total = max(sum(n for name, n in counts.items() if name != IDLE), 1)
+    rows = [[name, n, "" if name == IDLE else f"{100 * n / total:.1f}%"] for name, n in counts.most_common()]
     text = "\n".join([
         f"# py-spy profile of the server: {args.name}", "",
         f"`{' '.join(['python -m offline.bench.profile_serve', *argv])}`", "",
