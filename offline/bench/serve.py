@@ -11,6 +11,7 @@ client against it gives the ceiling this framework, server and machine reach wit
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -109,7 +110,8 @@ def run_serve_bench(args: argparse.Namespace) -> int:
         name = Path(bundle).name
         noop = _measure(args, rates, f"no-op ({name} bodies)", NOOP_APP, env, payloads, runs)
         service = _measure(args, rates, name, SERVICE_APP, {**env, "SEQREC_ARTIFACTS": str(bundle)}, payloads, runs,
-                           lambda url, b=bundle, p=payloads: check_answers(url, Path(b), p[: args.check_answers]))
+                           functools.partial(check_answers, bundle_path=Path(bundle),
+                                             bodies=payloads[: args.check_answers]))
         ratio = (service["max_rate_p99_50ms"] / noop["max_rate_p99_50ms"]
                  if service["max_rate_p99_50ms"] and noop["max_rate_p99_50ms"] else None)
         cpu_ratio = noop["cpu_ms_per_request"] / max(service["cpu_ms_per_request"], 1e-9)

@@ -71,14 +71,13 @@ def _exactness_costs(bundle: Bundle, queries: list[Query], reps: int) -> dict[st
     scores, rows = bundle.artifact.index.search(user.numpy(), q.candidates)  # type: ignore[union-attr]
     cand = torch.from_numpy(np.where(rows >= 0, rows + 1, 0))
     score = torch.from_numpy(np.where(rows >= 0, scores, 0.0))
-    index = bundle.artifact.index
+    index, tables = bundle.artifact.index, bundle.tables
     with torch.inference_mode():
         encode = _median_ms(lambda: bundle.encode(history), reps)
         search = _median_ms(lambda: index.search(user.numpy(), q.candidates), reps)  # type: ignore[union-attr]
-        batch = compute_features(bundle.tables, bundle.vectors, history, user, cand, score)
+        batch = compute_features(tables, bundle.vectors, history, user, cand, score)
         hist_vec, cand_vec = bundle.vectors[history], bundle.vectors[cand]
-        features = _median_ms(lambda: compute_features(bundle.tables, bundle.vectors, history, user, cand, score),
-                              reps)
+        features = _median_ms(lambda: compute_features(tables, bundle.vectors, history, user, cand, score), reps)
         out = {"encode": encode, "search": search, "features": features,
                "ranker": _median_ms(lambda: bundle.ranker.ranker.score(batch), reps),  # type: ignore[union-attr]
                "cosines_float64": _median_ms(lambda: torch.einsum("bnd,btd->bnt", cand_vec.double(),
