@@ -103,7 +103,7 @@ class Strict(BaseModel):
 class RecommendRequest(Strict):
     user_id: UserId | None = Field(None, description="use the stored history when `history` is absent")
     history: ItemIds | None = Field(None, max_length=MAX_HISTORY,
-                                         description="item ids, oldest first; the last max_len are read")
+                                    description="item ids, oldest first; the last max_len are read")
     k: Count = Field(10, ge=1, le=1000, description="items to return")
     candidates: Depth | None = Field(None, description=(
         "retrieval depth (at least k is retrieved); default: the depth the bundle's ranker was trained and "

@@ -6,7 +6,8 @@ For single requests (batch 1, the low-load case) over random catalogue histories
 stage of `service.recommend.recommend_batch` (wall time, from ``timing_ms``, and the whole call's CPU time)
 with the stored-user cache missed (a new history) and hit (the same user and history again); then the
 CPU time of each part timed apart (encoder, FAISS, the ranker's features, its scores), and two costs of
-exactness measured side by side on the same inputs: the history cosines in float64 (what the features
+exactness measured side by side on the same inputs (and the HTTP side's choices: ids validated per id or at
+once, the response written by pydantic or orjson): the history cosines in float64 (what the features
 use, for batch invariance) against float32, and LightGBM fed the float32 matrix against a float64 copy.
 """
 
@@ -20,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
+from pydantic import TypeAdapter
 from tqdm import tqdm
 
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
@@ -29,6 +32,7 @@ from ranker.features import compute_features
 from service.bundle import Bundle, load_bundle
 from service.engine import set_threads
 from service.recommend import Query, recommend_batch
+from service.schemas import ItemId, ItemIds, RecommendResponse
 
 
 def _median_ms(fn: Callable[[], Any], reps: int) -> float:
@@ -94,6 +98,23 @@ def _exactness_costs(bundle: Bundle, queries: list[Query], reps: int) -> dict[st
     return out
 
 
+def _http_costs(bundle: Bundle, queries: list[Query], reps: int) -> dict[str, float]:
+    """CPU of the HTTP-side choices: a 200-id history validated per id or at once, the response body validated
+    and written by pydantic or written by orjson."""
+    ids = [bundle.external(i) for i in queries[0].history]
+    per_id, at_once = TypeAdapter(list[ItemId]), TypeAdapter(ItemIds)
+    (result,) = recommend_batch(bundle, queries[:1])
+    items = [{"item_id": bundle.external(i), "score": s, "retrieval_score": r, "rank": n + 1,
+              **bundle.metadata[i - 1]} for n, (i, s, r) in enumerate(result.items)]
+    body = {"items": items, "model_version": bundle.version, "reranked": True, "unknown_items": [],
+            "fallback": None, "history_used": len(ids), "timing_ms": {**result.timing_ms, "queue": 0.0, "total": 1.0}}
+    response = TypeAdapter(RecommendResponse)
+    return {f"validate_{len(ids)}_ids_per_id": _median_ms(lambda: per_id.validate_python(ids), reps),
+            f"validate_{len(ids)}_ids_at_once": _median_ms(lambda: at_once.validate_python(ids), reps),
+            "response_pydantic": _median_ms(lambda: response.dump_json(response.validate_python(body)), reps),
+            "response_orjson": _median_ms(lambda: orjson.dumps(body), reps)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--artifact", type=Path, required=True)
@@ -112,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {"bundle": str(args.artifact), "version": bundle.version, "candidates": depth,
               "history": args.max_len, "requests": args.requests,
               "miss": _stage_medians(bundle, queries, user=False), "hit": _stage_medians(bundle, queries, user=True)}
+    report["parts"] = _http_costs(bundle, queries, args.requests)
     if bundle.ranker is not None:
-        report["parts"] = _exactness_costs(bundle, queries, args.requests)
+        report["parts"].update(_exactness_costs(bundle, queries, args.requests))
     args.out.mkdir(parents=True, exist_ok=True)
     name = f"stages-{args.artifact.name}"
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=2))
