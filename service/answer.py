@@ -52,7 +52,8 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     stored_seen = seen_ids(bundle, seen)
     query = plan_query(bundle, history, stored_seen, k=body.k,
                        candidates=body.candidates, exclude_seen=exclude_seen, rerank=body.rerank,
-                       personalize=body.personalize, allowed=allowed)
+                       personalize=body.personalize, allowed=allowed,
+                       user=body.user_id if body.history is None else None)
     if query is None:
         metrics.fallbacks.labels("popularity").inc()
         top = popular(bundle, body.k, {*history, *stored_seen} if exclude_seen else set(), allowed)
@@ -77,17 +78,18 @@ def seen_ids(bundle: Bundle, seen: frozenset[str]) -> set[int]:
 
 def plan_query(bundle: Bundle, history: list[int], seen: set[int], *, k: int, candidates: int | None,
                exclude_seen: bool, rerank: bool = True, personalize: bool = False,
-               allowed: np.ndarray | None = None) -> Query | None:
+               allowed: np.ndarray | None = None, user: str | None = None) -> Query | None:
     """The engine's query for a history of internal ids (oldest first) and further ``seen`` ids, or None when
     the history is empty (the popularity answer). The model reads the last ``max_len`` items; with
-    ``exclude_seen`` the earlier ones and ``seen`` are excluded too. `seqrec recommend` plans with it as well."""
+    ``exclude_seen`` the earlier ones and ``seen`` are excluded too; ``user`` names a stored user whose vector the
+    bundle may cache (a request that sends its own history names none). `seqrec recommend` plans with it too."""
     used = history[-bundle.max_len :]
     if not used:
         return None
     excluded = {*history[: -bundle.max_len], *seen}
     depth = bundle.default_candidates(k) if candidates is None else candidates
     return Query(used, k=k, candidates=depth, exclude_seen=exclude_seen, rerank=rerank, personalize=personalize,
-                 exclude=tuple(sorted(excluded - set(used))) if exclude_seen else (), allowed=allowed)
+                 exclude=tuple(sorted(excluded - set(used))) if exclude_seen else (), allowed=allowed, user=user)
 
 
 def popular(bundle: Bundle, k: int, seen: set[int], allowed: np.ndarray | None = None) -> list[int]:

@@ -27,13 +27,14 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.bundle import Bundle, resolve_bundle
 from service.catalog import load_served
 from service.deps import State, require_key
 from service.engine import Engine, set_threads
 from service.metrics import Metrics
+from service.reloading import watch_current
 from service.routes import admin, catalog, events, health, history, items, recommend, web
 from service.schemas import UNAUTHORIZED
 from service.settings import Settings
@@ -56,7 +57,7 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
                   exception_handlers={RequestValidationError: invalid, StarletteHTTPException: http_error,
                                       StoreUnavailable: store_down},
                   description="Two-stage sequential recommendations: retrieval over a FAISS index, then reranking.")
-    app.add_middleware(BaseHTTPMiddleware, dispatch=metrics.measure)
+    app.add_middleware(_Measured, metrics=metrics)
     # Without a key, writes are open, and the OpenAPI document says so (no security scheme, no 401).
     guarded = settings.api_key_value() is not None
     for router in ROUTERS:
@@ -88,11 +89,25 @@ async def lifespan(app: FastAPI, *, settings: Settings, metrics: Metrics,
     app.state.seqrec = State(settings, engine, store, metrics)
     log.info("serving %s (%s) from %s; history store: %s; inference: %s", served.version,
              served.ranker.kind if served.ranker else "no ranker", path, store.name, served.inference)
+    poll = settings.reload_poll()
+    watcher = asyncio.create_task(watch_current(app.state.seqrec, poll), name="seqrec-watch") if poll else None
     try:
         yield
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await engine.stop()
         await store.close()
+
+
+class _Measured:
+    """`Metrics.middleware` in the shape `add_middleware` takes (a class called with the next app)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.handle = metrics.middleware(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handle(scope, receive, send)
 
 
 async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

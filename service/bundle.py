@@ -27,6 +27,7 @@ from ranker.mlp import MLPRanker
 from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, load_artifact
 from retriever.compiled import ExportRefused, load_encoder
 from retriever.errors import SeqrecError
+from service.cache import UserVectors
 from service.filters import CatalogueFilters
 from service.recommend import Query, recommend_batch
 
@@ -60,6 +61,8 @@ class Bundle:
     retired: frozenset[int] = frozenset()
     changes: Any = None
     base: Bundle | None = None
+    # stored users' vectors, keyed by user and history; a reload brings a new bundle, so an empty cache
+    user_cache: UserVectors = field(default_factory=UserVectors, repr=False, compare=False)
     # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.
     _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
     popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular

@@ -1,9 +1,13 @@
 """The micro-batching engine: the served bundle, one inference thread, hot reload.
 
-One worker collects up to ``max_batch`` queued requests (waiting at most ``max_wait_ms`` for more) and
-answers them with one `service.recommend.recommend_batch` call in ``torch.inference_mode`` on a single
-inference thread. ``reload`` validates a new bundle before it replaces the old one, and a request keeps
-the bundle its internal ids were mapped with, even when a reload swaps in another meanwhile.
+Adaptive micro-batching: one worker takes every request queued (up to ``max_batch``) and answers them
+with one `service.recommend.recommend_batch` call in ``torch.inference_mode`` on a single inference
+thread. An idle engine answers a lone request at once; requests that arrive while the model is busy pile
+up and form the next batch, so batches grow with the load and never wait for it. ``max_wait_ms`` (default
+0) adds a fixed wait for more requests, for when larger batches pay more than the wait costs.
+
+``reload`` validates a new bundle before it replaces the old one, and a request keeps the bundle its
+internal ids were mapped with, even when a reload swaps in another meanwhile.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ _Pending = tuple[Query, Bundle, asyncio.Future[Result[Bundle]]]  # a queued requ
 class Engine:
     """The served bundle, the micro-batching worker and hot reload."""
 
-    def __init__(self, bundle: Bundle, *, max_batch: int = 32, max_wait_ms: float = 2.0, threads: int = 1,
+    def __init__(self, bundle: Bundle, *, max_batch: int = 32, max_wait_ms: float = 0.0, threads: int = 1,
                  personalize_beta: float = 1e-5, personalize_steps: int = 1,
                  on_batch: Callable[[int], None] | None = None, inference: Inference = "auto") -> None:
         self.bundle = bundle
@@ -74,24 +78,29 @@ class Engine:
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self._queue.get()]
-            deadline = loop.time() + self.max_wait
-            while len(batch) < self.max_batch:
-                if not self._queue.empty():
-                    batch.append(self._queue.get_nowait())
-                    continue
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-                except TimeoutError:
-                    break
+            await self._fill(loop, batch)
             by_bundle: dict[int, list[_Pending]] = {}  # one batch per bundle: two only around a reload
             for pending in batch:
                 if not pending[2].cancelled():  # clients that went away
                     by_bundle.setdefault(id(pending[1]), []).append(pending)
             for group in by_bundle.values():
                 await self._answer(loop, group)
+
+    async def _fill(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
+        """Add what is queued (what piled up while the last batch ran); wait for more only with max_wait."""
+        assert self._queue is not None
+        deadline = loop.time() + self.max_wait
+        while len(batch) < self.max_batch:
+            if not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+            except TimeoutError:
+                return
 
     async def _answer(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
         bundle = batch[0][1]

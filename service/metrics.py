@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from starlette.requests import Request
-from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.bundle import Bundle
 
@@ -37,16 +35,29 @@ class Metrics:
         self.model.clear()
         self.model.labels(bundle.version, bundle.ranker.kind if bundle.ranker else "none").set(1)
 
-    async def measure(self, request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        """HTTP middleware: count and time every request under its route's path template."""
-        start = time.perf_counter()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            route = request.scope.get("route")
-            name = getattr(route, "path_format", "unmatched")  # "/users/{user_id}/history", convertor-free
-            self.requests.labels(name, request.method, str(status)).inc()
-            self.latency.labels(name, request.method).observe(time.perf_counter() - start)
+    def middleware(self, app: ASGIApp) -> ASGIApp:
+        """A pure ASGI middleware that counts and times every HTTP request under its route's path template
+        (Starlette's BaseHTTPMiddleware costs a task and a stream per request)."""
+
+        async def measured(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            start = time.perf_counter()
+            status = 500
+
+            async def send_status(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                await send(message)
+
+            try:
+                await app(scope, receive, send_status)
+            finally:
+                route = scope.get("route")
+                name = getattr(route, "path_format", "unmatched")  # "/users/{user_id}/history", convertor-free
+                self.requests.labels(name, scope["method"], str(status)).inc()
+                self.latency.labels(name, scope["method"]).observe(time.perf_counter() - start)
+
+        return measured

@@ -25,6 +25,7 @@ from retriever.errors import SeqrecError
 from retriever.index import search
 from retriever.index.filtered import search_allowed
 from retriever.windows import padded_slices
+from service.cache import UserVectors
 
 
 class Servable(Protocol):
@@ -39,6 +40,8 @@ class Servable(Protocol):
     def tables(self) -> TorchTables | None: ...
     @property
     def vectors(self) -> torch.Tensor: ...  # (n_items + 1, D) unit item vectors, row 0 = 0
+    @property
+    def user_cache(self) -> UserVectors: ...
     @property
     def max_len(self) -> int: ...
     @property
@@ -63,6 +66,7 @@ class Query:
     # (n_items,) bool over index rows (internal id - 1): the only items to return (business filters), None = all;
     # queries sharing one array object are searched together
     allowed: np.ndarray | None = field(default=None, compare=False)
+    user: str | None = None  # the stored user whose history this is: its vector is cached (`service.cache`)
 
 
 @dataclass
@@ -113,8 +117,12 @@ def _padded_histories(queries: Sequence[Query], max_len: int) -> torch.Tensor:
 
 def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Query], *, beta: float,
                   steps: int) -> torch.Tensor:
-    """(B, D) unit user vectors: one forward pass for the plain queries, PCRec-simple for the others."""
-    plain = [i for i, q in enumerate(queries) if not q.personalize]
+    """(B, D) unit user vectors: cached for stored users whose history has not changed, one forward pass for
+    the other plain queries, PCRec-simple for the personalised ones."""
+    cache = bundle.user_cache
+    cached = {i: v for i, q in enumerate(queries) if q.user is not None and not q.personalize
+              and (v := cache.get(q.user, q.history)) is not None}
+    plain = [i for i, q in enumerate(queries) if not q.personalize and i not in cached]
     user = torch.zeros(len(queries), bundle.vectors.shape[1])  # a normal tensor: personalize writes into it too
     if plain:
         user[plain] = bundle.encode(history[plain])
@@ -122,7 +130,13 @@ def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Que
     if special:
         model = bundle.artifact.model
         user[special] = model.personalize(history[special], beta=beta, steps=steps).detach().float()
-    return torch.nn.functional.normalize(user, dim=-1)
+    user = torch.nn.functional.normalize(user, dim=-1)
+    for i, vector in cached.items():
+        user[i] = vector
+    for i in plain:
+        if (name := queries[i].user) is not None:
+            cache.put(name, queries[i].history, user[i])
+    return user
 
 
 def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,9 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     StringConstraints,
+    ValidatorFunctionWrapHandler,
     WithJsonSchema,
+    WrapValidator,
     model_serializer,
 )
 from starlette.convertors import PathConvertor, register_url_convertor
@@ -47,6 +49,24 @@ ItemId = Annotated[str, BeforeValidator(_id_string), StringConstraints(min_lengt
                    AfterValidator(_encodable),
                    WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1, "maxLength": 256},
                                              {"type": "integer"}]})]
+
+
+def _plain_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A list of item ids checked at once when every id is plainly valid (a string of 1-256 characters or an
+    int, all valid Unicode): ~10x cheaper than one validator call per id. Anything else goes through the
+    per-id validation, which names the offending position (`history.3`)."""
+    if type(value) is list and len(value) <= MAX_HISTORY:
+        ids = [str(v) if type(v) is int else v for v in value]
+        if all(type(v) is str and 0 < len(v) <= 256 for v in ids):
+            try:
+                "".join(ids).encode("utf-8")
+            except UnicodeEncodeError:
+                return handler(value)
+            return ids
+    return handler(value)
+
+
+ItemIds = Annotated[list[ItemId], WrapValidator(_plain_ids)]
 UserId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_encodable)]
 PathId = Annotated[str, Path(min_length=1, max_length=256)]  # a user or item id as a path segment (`{name:id}`)
 
@@ -146,8 +166,8 @@ class Filters(Strict):
 
 class RecommendRequest(Strict):
     user_id: UserId | None = Field(None, description="use the stored history when `history` is absent")
-    history: list[ItemId] | None = Field(None, max_length=MAX_HISTORY,
-                                         description="item ids, oldest first; the last max_len are read")
+    history: ItemIds | None = Field(None, max_length=MAX_HISTORY,
+                                    description="item ids, oldest first; the last max_len are read")
     k: Count = Field(10, ge=1, le=1000, description="items to return")
     candidates: Depth | None = Field(None, description=(
         "retrieval depth (at least k is retrieved); default: the depth the bundle's ranker was trained and "

@@ -6,10 +6,12 @@
     SEQREC_SEEN_CAP=10000             items remembered per user for ``exclude_seen`` (see ``service.store``)
     SEQREC_API_KEY=...                required as ``Authorization: Bearer`` on writes and /admin
     SEQREC_INFERENCE=auto             auto | onnx | eager: the encoder and MLP ranker through ONNX Runtime
+    SEQREC_WORKERS=N                  worker processes (default: one per core with Redis, else 1)
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +22,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # (the longest: 737 in MovieLens-100K, 204 in Amazon Beauty), so no user of theirs reaches it; a user who does
 # is most likely a crawler. The cap bounds what one such user can make the store hold.
 DEFAULT_SEEN_CAP = 10_000
+
+
+def default_workers(redis_url: str | None) -> int:
+    """One worker per core this process may run on when histories are shared through Redis; else 1."""
+    return max(1, min(len(os.sched_getaffinity(0)), 8)) if redis_url else 1
 
 
 class Settings(BaseSettings):
@@ -34,7 +41,8 @@ class Settings(BaseSettings):
                           "it the least recently recorded are forgotten")
     api_key: SecretStr | None = Field(None, description="when set, writes and /admin need `Bearer <key>`")
     max_batch: int = Field(32, ge=1, le=1024, description="requests micro-batched into one forward pass")
-    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="how long a batch waits for more requests")
+    max_wait_ms: float = Field(0.0, ge=0, le=1000, description="extra wait for more requests before a batch "
+                               "runs; 0 = adaptive: a batch holds what queued while the last one ran")
     threads: int = Field(1, ge=1, le=256, description="torch, ONNX Runtime and FAISS threads for inference")
     inference: Literal["auto", "onnx", "eager"] = Field(
         "auto", description="auto: the encoder and the MLP ranker run compiled (ONNX Runtime) when they export "
@@ -44,8 +52,15 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    workers: int = Field(1, ge=1, le=64)
+    workers: int = Field(default_factory=lambda data: default_workers(data.get("redis_url")), ge=1, le=64,
+                         description="uvicorn worker processes; default: one per core with Redis, else 1 (the "
+                                     "in-process history store is per process)")
+    reload_poll_s: float | None = Field(None, ge=0, le=3600, description="seconds between each worker's checks "
+                                        "of `current` (0 = never); default: 2 with several workers, else 0")
     log_level: str = "info"
+
+    def reload_poll(self) -> float:
+        return (2.0 if self.workers > 1 else 0.0) if self.reload_poll_s is None else self.reload_poll_s
 
     def api_key_value(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key is not None and self.api_key.get_secret_value() else None

@@ -80,22 +80,23 @@ def stop_process(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S
 
 
 class UvicornProcess:
-    """``uvicorn APP_SPEC --factory`` on 127.0.0.1:``port`` (a free one by default), one worker.
+    """``uvicorn APP_SPEC --factory`` on 127.0.0.1:``port`` (a free one by default), ``workers`` workers.
 
     ``env`` is the process's whole environment; its stdout and stderr go to ``log`` (a file, not a
     pipe: a chatty server can never block on a full pipe). ``launch`` starts it, ``wait_ready``
     waits for GET /readyz, ``stop`` ends it."""
 
     def __init__(self, app_spec: str, env: Mapping[str, str], log: Path, *, port: int | None = None,
-                 cwd: Path | None = None, grace_s: float = STOP_GRACE_S) -> None:
+                 cwd: Path | None = None, grace_s: float = STOP_GRACE_S, workers: int = 1) -> None:
         self.app_spec, self.env, self.log, self.cwd, self.grace_s = app_spec, dict(env), log, cwd, grace_s
+        self.workers = workers
         self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "uvicorn", self.app_spec, "--factory", "--host", "127.0.0.1",
-                "--port", str(self.port), "--workers", "1", "--log-level", "warning"]
+                "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"]
 
     def launch(self) -> UvicornProcess:
         with self.log.open("ab") as sink:
@@ -137,12 +138,14 @@ class RunningServer:
 
 @contextlib.contextmanager
 def start_server_process(app_spec: str, env: Mapping[str, str] | None = None, port: int | None = None, *,
-                         ready_timeout_s: float = 60.0) -> Iterator[RunningServer]:
+                         ready_timeout_s: float = 60.0, workers: int = 1,
+                         cwd: Path | None = None) -> Iterator[RunningServer]:
     """Run ``uvicorn APP_SPEC --factory`` in a subprocess; yield a ``RunningServer`` once GET /readyz
     answers 2xx; stop it (SIGTERM, then SIGKILL after 10 s) on exit. ``env`` is added to this
     process's environment (e.g. SEQREC_ARTIFACTS, SEQREC_THREADS=1)."""
     with tempfile.TemporaryDirectory(prefix="seqrec-serve-") as tmp:
-        server = UvicornProcess(app_spec, {**os.environ, **(env or {})}, Path(tmp) / "server.log", port=port)
+        server = UvicornProcess(app_spec, {**os.environ, **(env or {})}, Path(tmp) / "server.log", port=port,
+                                workers=workers, cwd=cwd)
         try:
             server.launch().wait_ready(ready_timeout_s)
             assert server.proc is not None
@@ -153,9 +156,9 @@ def start_server_process(app_spec: str, env: Mapping[str, str] | None = None, po
 
 @contextlib.contextmanager
 def start_server(app_spec: str, env: Mapping[str, str] | None = None, port: int | None = None, *,
-                 ready_timeout_s: float = 60.0) -> Iterator[str]:
+                 ready_timeout_s: float = 60.0, workers: int = 1) -> Iterator[str]:
     """``start_server_process``, yielding only the base URL."""
-    with start_server_process(app_spec, env, port, ready_timeout_s=ready_timeout_s) as server:
+    with start_server_process(app_spec, env, port, ready_timeout_s=ready_timeout_s, workers=workers) as server:
         yield server.url
 
 
@@ -227,3 +230,39 @@ def rss_bytes(pid: int) -> int:
     except OSError as err:
         raise SeqrecError(f"cannot read the memory of process {pid}: {err}") from err
     raise SeqrecError(f"/proc/{pid}/status has no VmRSS line")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its live children (uvicorn's workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(stat.parent.name) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def tree_memory_bytes(pid: int) -> dict[str, int]:
+    """{"rss", "pss"} summed over process ``pid`` and its live children: PSS splits each shared page between
+    the processes that map it, so their sum is what a tree of workers really holds."""
+    pids = [pid]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    total = {"rss": 0, "pss": 0}
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                name, _, value = line.partition(":")
+                if name.lower() in total:
+                    total[name.lower()] += int(value.split()[0]) * 1024
+        except OSError:
+            continue
+    return total

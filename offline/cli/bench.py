@@ -148,7 +148,14 @@ def _add_serve(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     srv.add_argument("--personalize", action="store_true", help="every request asks for PCRec-simple")
     srv.add_argument("--threads", type=int, default=1, help="server torch threads")
     srv.add_argument("--max-batch", type=int, default=32, help="server micro-batch size")
-    srv.add_argument("--max-wait-ms", type=float, default=2.0, help="server micro-batch wait")
+    srv.add_argument("--max-wait-ms", type=float, default=0.0, help="server micro-batch extra wait (0 = adaptive)")
+    srv.add_argument("--workers", type=int, default=1, help="uvicorn workers of both apps (SEQREC_WORKERS)")
+    srv.add_argument("--cpu-rate", type=float, default=10.0,
+                     help="rate of the run whose server CPU time per request is reported (one both apps keep up with)")
+    srv.add_argument("--server-code", type=Path, default=None,
+                     help="run both servers from this source tree (another version of seqrec, to compare with)")
+    srv.add_argument("--check-answers", type=int, default=200,
+                     help="bodies sent alone after the load and checked against the in-process reference path")
     _add_seed(srv)
     srv.set_defaults(handler=_run_serve)
 

@@ -25,5 +25,7 @@ async def events(body: EventIn | EventBatch, engine: EngineDep, store: StoreDep)
         await store.append(user, evs, bundle.max_len)
     else:
         await store.append_many(list(per_user.items()), bundle.max_len)
+    for user in per_user:  # their next request reads a longer history (other workers see that by themselves)
+        bundle.user_cache.drop(user)
     unknown = list(dict.fromkeys(e.item_id for e in batch if e.item_id not in bundle.index_of))
     return {"stored": len(batch), "users": len(per_user), "unknown_items": unknown}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -23,7 +24,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(engine: EngineDep, store: StoreDep) -> dict[str, Any]:
     reachable = await store.ping()
     return {"status": "ready" if reachable else "degraded", **engine.bundle.describe(),
-            "store": {"kind": store.name, "reachable": reachable}}
+            "store": {"kind": store.name, "reachable": reachable}, "worker": os.getpid()}
 
 
 @router.get("/metrics", response_class=Response, responses=METRICS)

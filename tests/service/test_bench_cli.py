@@ -25,6 +25,11 @@ def test_bench_serve_writes_the_service_and_noop_figures(bundle: Path, tmp_path:
     assert 0 < check["p50_ms"] <= check["p99_ms"]
     for side in ("service", "noop"):  # each sweep stepped through the rates it passed
         assert next(r["rate"] for r in target[side]["sweep"]) == 10
+    answers = target["service"]["answers"]  # every body sent alone, against the in-process reference path
+    assert answers["passed"]
+    assert answers["identical_topk"] == answers["checked"] == 20
+    assert target["service"]["cpu_ms_per_request"] > 0
+    assert target["noop"]["memory_mb"]["pss"] > 0
     assert "max rate, p99 <= 50 ms" in (out / "serve.md").read_text()
     assert "no-op" in capsys.readouterr().out
 

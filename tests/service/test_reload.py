@@ -160,3 +160,64 @@ def test_broken_bundle_is_refused(client: httpx.Client, artifacts: Artifacts, br
     assert answer.json()["items"] == before
     refused = metric_samples(client.get("/metrics").text, "seqrec_reloads_total")['{result="refused"}']
     assert refused >= 1
+
+
+def test_every_worker_follows_a_publish_under_load(artifacts: Artifacts,
+                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two workers under load: pointing `current` at a new bundle (no POST) reaches both within a poll, and
+    every request meanwhile is answered."""
+    point_current(artifacts.root, artifacts.v1)
+    v1, v2 = artifacts.version(artifacts.v1), artifacts.version(artifacts.v2)
+    api = Server(tmp_path_factory.mktemp("reload-workers"), artifacts=str(artifacts.root), workers="2",
+                 reload_poll_s="0.3")
+    api.workers = 2
+    api.start()
+    try:
+
+        def versions() -> dict[int, str]:
+            """The version each worker serves, from fresh connections until both workers have answered."""
+            seen: dict[int, str] = {}
+            with api.client(headers={"Connection": "close"}) as c:
+                for _ in range(200):
+                    ready = c.get("/readyz").json()
+                    seen[ready["worker"]] = ready["model_version"]
+                    if len(seen) == 2:
+                        break
+            return seen
+
+        async def scenario() -> tuple[list[httpx.Response], dict[int, str]]:
+            done = asyncio.Event()
+            async with api.async_client() as session:
+
+                async def load(n: int) -> list[httpx.Response]:
+                    answers: list[httpx.Response] = []
+                    while not done.is_set():
+                        body = {"history": [f"i{1 + (n + len(answers)) % 30}", "i40"], "k": 5}
+                        answers.append(await session.post("/recommend", json=body,
+                                                          headers={"Connection": "close"}))
+                    return answers
+
+                loaders = [asyncio.create_task(load(n)) for n in range(4)]
+                await asyncio.sleep(0.3)
+                point_current(artifacts.root, artifacts.v2)
+                after: dict[int, str] = {}
+                for _ in range(40):  # up to 10 s
+                    await asyncio.sleep(0.25)
+                    after = await asyncio.to_thread(versions)
+                    if set(after.values()) == {v2}:
+                        break
+                done.set()
+                return [r for answers in await asyncio.gather(*loaders) for r in answers], after
+
+        before = versions()
+        assert len(before) == 2
+        assert set(before.values()) == {v1}
+        during, after = asyncio.run(scenario())
+        errors = api.server_errors()
+    finally:
+        api.stop()
+    assert not errors, errors
+    assert len(after) == 2
+    assert set(after.values()) == {v2}
+    assert [r.status_code for r in during] == [200] * len(during)
+    assert {r.json()["model_version"] for r in during} == {v1, v2}

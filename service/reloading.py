@@ -1,0 +1,74 @@
+"""Hot reload: ``POST /admin/reload`` and, with several workers, each worker watching ``ARTIFACTS/current``.
+
+`reload_current` loads what ``current`` names and swaps it in once it passes validation (a bundle that
+fails is refused and the old one keeps serving). A POST reaches one worker only, so with
+``SEQREC_WORKERS`` > 1 every worker also runs `watch_current`: every ``SEQREC_RELOAD_POLL_S`` seconds
+it compares ``current`` (its target and manifest) with what it serves and reloads on a change, so a
+publish reaches every worker within one poll, with or without the POST.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+from service.bundle import Bundle, BundleError, resolve_bundle
+from service.deps import State
+
+log = logging.getLogger("seqrec.service")
+
+
+async def reload_current(s: State) -> dict[str, Any]:
+    """The `ReloadResponse` body; `BundleError` when ``current`` cannot be served (the old bundle stays)."""
+    start = time.perf_counter()
+    try:
+        path = resolve_bundle(s.settings.artifacts)
+        current = s.engine.bundle
+        if path == current.path and same_manifest(current):
+            return {"status": "unchanged", "model_version": current.version, "previous_version": current.version,
+                    "seconds": round(time.perf_counter() - start, 3)}
+        old, new = await s.engine.reload(path)
+    except BundleError as err:
+        s.metrics.reloads.labels("refused").inc()
+        log.warning("reload refused: %s", err)
+        raise
+    s.metrics.reloads.labels("ok").inc()
+    s.metrics.set_model(new)
+    log.info("reloaded: %s -> %s", old.version, new.version)
+    return {"status": "reloaded", "model_version": new.version, "previous_version": old.version,
+            "seconds": round(time.perf_counter() - start, 3)}
+
+
+def same_manifest(bundle: Bundle) -> bool:
+    """Whether the bundle's manifest on disk is still the one it was loaded with (a folder rewritten in place
+    is a new bundle)."""
+    try:
+        return bool(json.loads((bundle.path / "manifest.json").read_text()) == bundle.artifact.manifest.to_dict())
+    except (OSError, ValueError):
+        return False
+
+
+def _published(s: State) -> tuple[str, str] | None:
+    """(target, manifest text) of ``current`` now; None when it cannot be read."""
+    try:
+        path = resolve_bundle(s.settings.artifacts)
+        return str(path), (path / "manifest.json").read_text()
+    except (BundleError, OSError):
+        return None
+
+
+async def watch_current(s: State, every_s: float) -> None:
+    """Reload whenever ``current`` changes; a refused publish is not retried until ``current`` changes again."""
+    seen = await asyncio.to_thread(_published, s)
+    while True:
+        await asyncio.sleep(every_s)
+        now = await asyncio.to_thread(_published, s)
+        if now is None or now == seen:
+            continue
+        seen = now
+        with contextlib.suppress(BundleError):  # logged and counted; the old bundle keeps serving
+            await reload_current(s)
