@@ -62,7 +62,9 @@ def extra_columns(extras: Extras, history: Tensor, candidates: Tensor, unknown: 
     source = columns["cooc_last10"].float().masked_fill(unknown, 0.0)
     higher = (source[:, None, :] > source[:, :, None]).sum(-1)  # (B, N) candidates scoring above
     columns["cooc_rank"] = torch.where(source > 0, torch.log1p(higher.float()), torch.full_like(source, NOT_FOUND))
-    columns["popularity_trend"] = extras.cooc.trend[candidates]
+    trend = extras.cooc.trend
+    inside = candidates < len(trend)  # items added after training have no trend
+    columns["popularity_trend"] = torch.where(inside, trend[torch.where(inside, candidates, 0)], 0.0)
     out = torch.stack([columns[name].float() for name in extras.names], dim=-1)
     cooc_cols = [i for i, name in enumerate(extras.names) if name in COOC_WINDOWS]
     out[..., cooc_cols] = out[..., cooc_cols].masked_fill(unknown[..., None], 0.0)

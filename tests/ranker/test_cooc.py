@@ -100,3 +100,19 @@ def test_compute_features_appends_extras_after_the_base_columns() -> None:
     assert base.dense.shape[-1] == len(DENSE_FEATURES)
     assert extended.dense.shape[-1] == len(DENSE_FEATURES) + 1
     assert torch.equal(extended.dense[..., : len(DENSE_FEATURES)], base.dense)
+
+
+def test_items_added_after_training_follow_nothing_and_are_followed_by_nothing() -> None:
+    # ids past the table (items added through POST /admin/items) must neither fail nor alias another pair
+    table = CoocTable(np.array([[0, 0], [2, 3], [1, 0], [1, 2]]),
+                      np.array([[0, 0], [0.6, 0.4], [1.0, 0], [0.5, 0.5]], dtype=np.float32),
+                      np.array([0, 0.1, 0.2, 0.3], dtype=np.float32), 0.7, 3)
+    ids, scores = cooc_top(table, np.array([[0, 1, 7]]), [np.zeros(0, dtype=np.int64)], 3)
+    assert ids.tolist() == [[2, 3, 0]]
+    np.testing.assert_allclose(scores[0, :2], [0.7 * 0.6, 0.7 * 0.4], rtol=1e-6)
+    follows = table.torch().follows(torch.tensor([[1, 1, 7, 3]]), torch.tensor([[2, 5, 1, 4]]))
+    # (1 -> 5): 1 * n1 + 5 == 2 * n1 + 1 would alias the pair (2 -> 1) without the bound
+    assert follows[0].tolist() == pytest.approx([0.6, 0.0, 0.0, 0.0])
+    extras = Extras(("popularity_trend",), table.torch())
+    out = extra_columns(extras, torch.tensor([[1, 7]]), torch.tensor([[3, 9]]), torch.tensor([[False, True]]))
+    assert out[0, :, 0].tolist() == pytest.approx([0.3, 0.0])
