@@ -367,8 +367,7 @@ def _prune(artifacts: Path, keep: int) -> list[Path]:
 
 def _summary(run: Run) -> PipelineSummary:
     stages = run.state.stages
-    published = stages["publish"].info
-    evaluate = stages.get("evaluate")
+    published, evaluate = stages["publish"].info, stages.get("evaluate")
     return PipelineSummary(version=published["version"], path=published["path"],
                            seconds={name: stages[name].seconds for name in STAGES if name in stages},
                            evaluation=evaluate.model_dump() if evaluate is not None else {})
@@ -376,8 +375,8 @@ def _summary(run: Run) -> PipelineSummary:
 
 def summary_table(summary: PipelineSummary) -> str:
     """Stage times, then validation/test metrics of the retriever and the two-stage system."""
-    times = [(name, f"{seconds:.1f}") for name, seconds in summary.seconds.items()]
-    times.append(("total", f"{sum(summary.seconds.values()):.1f}"))
+    times = [*((name, f"{seconds:.1f}") for name, seconds in summary.seconds.items()),
+             ("total", f"{sum(summary.seconds.values()):.1f}")]
     ev = summary.evaluation
     rows = [("retriever", s, ev.get(f"retriever_{s}")) for s in ("valid", "test")]
     rows += [("two-stage" if ev.get("system") == "two-stage" else "retriever", s, ev.get(s)) for s in ("valid", "test")]
