@@ -149,6 +149,7 @@ def write_results(out: Path, records: list[dict[str, Any]], command: str) -> dic
         f"{', '.join(summary['auto_choice'])}.", "",
         results_table(summary), "", f"Reproduce: `{command}`", ""])
     result = {"command": command, **summary, "per_seed": records}
+    out.mkdir(parents=True, exist_ok=True)  # with --work, nothing else has made OUT yet
     atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(result, indent=2) + "\n"))
     atomic_write(out / "results.md", lambda p: p.write_text(text))
     return result

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from offline.bench.two_stage import results_table, summarize_seeds
+from offline.bench.two_stage import results_table, summarize_seeds, write_results
 from offline.cli import main
 from tests.tiny import prepare_tiny
 
@@ -33,6 +33,14 @@ def test_mean_and_sample_std_over_seeds_written_out_by_hand() -> None:
     assert "| retriever recall@100 (the two-stage ceiling) | 0.5000 ± 0.0000 |  | 0.5000 ± 0.0000 (valid) |  |" in table
     with pytest.raises(Exception, match="depth"):
         summarize_seeds([_record(42, 0.1), {**_record(123, 0.3), "depth": 50}])
+
+
+def test_results_are_written_into_an_out_folder_nothing_made_yet(tmp_path: Path) -> None:
+    # With --work elsewhere, the bench's first write into OUT is the results themselves.
+    out = tmp_path / "not" / "made"
+    write_results(out, [_record(42, 0.1)], "seqrec bench two-stage ...")
+    assert json.loads((out / "results.json").read_text())["seeds"] == [42]
+    assert "Reproduce: `seqrec bench two-stage ...`" in (out / "results.md").read_text()
 
 
 @pytest.mark.slow
