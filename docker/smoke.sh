@@ -11,7 +11,7 @@
 # 3. builds seqrec:cpu from docker/Dockerfile on that base, with torch from a local wheel when
 #    pip's find-links folder has the CPU wheel (copied into docker/wheels/), else from the index;
 # 4. `docker compose up` with docker-compose.yml plus docker/compose.local.yml (host network;
-#    ports below), the trainer on configs/pipeline/smoke.yaml (the demo, 3 epochs per retriever);
+#    ports below), the trainer on configs/pipeline/demo.yaml (the demo pipeline);
 # 5. waits for a 200 from POST /recommend through the lb, sends POST /events through it, checks
 #    that /readyz reports a reachable Redis; 6. `docker compose down -v`.
 # Each step prints its time; the first failure stops the run (exit 1) with the containers' logs.
@@ -25,7 +25,8 @@
 # SEQREC_SMOKE_BASE (force a base image), SEQREC_SMOKE_LOCAL=1 (build the local images even if
 # the official ones could be pulled), SEQREC_SMOKE_RATE / _DURATION (50 r/s, 30 s),
 # SEQREC_SMOKE_NOTE (what else ran on the machine: goes into the result file),
-# SEQREC_SMOKE_PIPELINE_CONFIG (the trainer's config; configs/pipeline/demo.yaml for the full demo).
+# SEQREC_SMOKE_PIPELINE_CONFIG (the trainer's config; configs/pipeline/smoke.yaml, the demo with
+# 3 epochs per retriever, for a busy machine).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -44,7 +45,7 @@ done
 export SEQREC_SMOKE_PORT=${SEQREC_SMOKE_PORT:-18080}
 export SEQREC_SMOKE_API_PORT=${SEQREC_SMOKE_API_PORT:-18081}
 export SEQREC_SMOKE_REDIS_PORT=${SEQREC_SMOKE_REDIS_PORT:-16380}
-export SEQREC_PIPELINE_CONFIG=${SEQREC_SMOKE_PIPELINE_CONFIG:-configs/pipeline/smoke.yaml}
+export SEQREC_PIPELINE_CONFIG=${SEQREC_SMOKE_PIPELINE_CONFIG:-configs/pipeline/demo.yaml}
 export COMPOSE_PROJECT_NAME=${SEQREC_SMOKE_PROJECT:-seqrec-smoke}
 LB=http://127.0.0.1:$SEQREC_SMOKE_PORT
 LOCAL_BASE=local/bookworm-py
