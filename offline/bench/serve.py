@@ -151,7 +151,8 @@ def serve_markdown(report: dict[str, Any], runs: Sequence[LoadResult]) -> str:
             "answers vs reference path"]
     load = (f"Load average (1, 5, 15 min) of the {report['cores']}-core machine: "
             f"{', '.join(f'{x:.1f}' for x in report['load_average_before'])} before, "
-            f"{', '.join(f'{x:.1f}' for x in report['load_average_after'])} after (the bench's own client and servers count in it; more than about 2 means other jobs shared the cores). "
+            f"{', '.join(f'{x:.1f}' for x in report['load_average_after'])} after (the bench's own client and "
+            f"servers count in it; more than about 2 means other jobs shared the cores). "
             f"Server CPU ms/request: the server's CPU time (all its processes) per answered request over a run at "
             f"{s['cpu_rate']:g} r/s; CPU ratio = no-op's / seqrec's, the throughput ratio an otherwise idle machine "
             "would allow.")
