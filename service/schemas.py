@@ -287,7 +287,9 @@ class NewItem(Strict):
 
     item_id: ItemId
     title: str | None = Field(None, max_length=1000)
-    year: Count | None = Field(None, ge=0, le=10_000)
+    # The bounds before the validator and inside the Optional: after a BeforeValidator, pydantic writes them into
+    # the schema as `ge`/`le`, which JSON Schema ignores (the fuzzer then sends -1 as valid and gets a 422)
+    year: Annotated[int, Field(ge=0, le=10_000), BeforeValidator(_whole_number)] | None = None
     genres: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] | None = Field(None, max_length=100)
     attributes: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] | None = Field(
         None, max_length=100, description="e.g. Beauty's brand and category ids (a model trained with "
