@@ -13,6 +13,7 @@ metadata and popularity for it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,30 @@ def _follow_pairs(offsets: np.ndarray, items: np.ndarray, n_items: int) -> tuple
 
 
 @dataclass(frozen=True)
+class TableArrays:
+    """`TorchTables` as numpy arrays sharing the tensors' memory: what `compute_features` reads."""
+
+    popularity: np.ndarray
+    known: np.ndarray
+    meta: np.ndarray
+    year_bucket: np.ndarray
+    pair_keys: np.ndarray
+    pair_counts: np.ndarray
+    follow_totals: np.ndarray
+    n_meta: int
+
+    def follows(self, source: np.ndarray, target: np.ndarray) -> np.ndarray:
+        """How often ``target`` followed ``source`` in training, float32, broadcast elementwise; 0 for padding."""
+        source, target = np.broadcast_arrays(source, target)
+        keys = (source * len(self.popularity) + target).reshape(-1)
+        if len(self.pair_keys) == 0:
+            return np.zeros(source.shape, dtype=np.float32)
+        pos = np.minimum(np.searchsorted(self.pair_keys, keys), len(self.pair_keys) - 1)
+        hit = (self.pair_keys[pos] == keys) & (source != 0).reshape(-1) & (target != 0).reshape(-1)
+        return np.where(hit, self.pair_counts[pos], np.float32(0)).reshape(source.shape)
+
+
+@dataclass(frozen=True)
 class TorchTables:
     popularity: Tensor
     known: Tensor
@@ -146,6 +171,12 @@ class TorchTables:
     pair_counts: Tensor
     follow_totals: Tensor
     n_meta: int
+
+    @functools.cached_property
+    def arrays(self) -> TableArrays:
+        """The same tables as numpy arrays (CPU tensors' memory, no copy), made once per tables object."""
+        return TableArrays(self.popularity.numpy(), self.known.numpy(), self.meta.numpy(), self.year_bucket.numpy(),
+                           self.pair_keys.numpy(), self.pair_counts.numpy(), self.follow_totals.numpy(), self.n_meta)
 
     def follows(self, source: Tensor, target: Tensor) -> Tensor:
         """How often ``target`` followed ``source`` in training (elementwise; 0 for padding)."""
@@ -195,96 +226,114 @@ def compute_features(
     vectors; candidates: (B, N) internal ids (0 = empty slot), best first; scores: (B, N)
     their cosine scores. id_mask: (B, N) True where the candidate's ID must be treated as
     unknown (ID dropout in training, the cold-start simulation in evaluation).
+
+    The arithmetic is numpy on CPU arrays (the tensors' memory, no copies): a served request is one user
+    and a few hundred candidates, where torch's per-operation dispatch cost more than the arithmetic
+    (docs/results/serve/). Offline groups of thousands of users run the same code.
     """
-    b, n = candidates.shape
-    valid = candidates != 0
-    unknown = ~tables.known[candidates] | ~valid
+    t = tables.arrays
+    cand = candidates.numpy()
+    hist = history.numpy()
+    b, n = cand.shape
+    valid = cand != 0
+    unknown = ~t.known[cand] | ~valid
     if id_mask is not None:
-        unknown = unknown | id_mask
-    cand_vec = item_vectors[candidates]  # (B, N, D)
-    hist_valid = history != 0  # (B, T)
-    hist_len = hist_valid.sum(1).clamp(min=1)  # (B,)
-    history_max, history_mean, last, recent = _similarity_features(item_vectors, history, hist_valid, hist_len,
-                                                                   cand_vec)
-
-    scores = torch.where(valid, scores, torch.zeros_like(scores))
-    rank = torch.log1p(torch.arange(n, dtype=torch.float32, device=scores.device)).expand(b, n)
-    gap = scores[:, :1] - scores
-
-    meta = tables.meta[candidates]  # (B, N, M)
-    meta_overlap, meta_affinity = _meta_features(tables, history, hist_valid, hist_len, meta)
-    years, year_distance = _year_features(tables, history, hist_valid, candidates)
-    follows_last, share, follows_recent = _follow_features(tables, history, candidates)
-
-    columns = [
-        scores, rank, gap, tables.popularity[candidates], unknown.float(), history_max, history_mean, last, recent,
-        meta_overlap, meta_affinity, torch.log1p(hist_len.float())[:, None].expand(b, n), years, year_distance,
-        torch.log1p(follows_last), share, torch.log1p(follows_recent),
-    ]
-    dense = torch.stack([c.float() for c in columns], dim=-1)  # (B, N, F)
-    dense[..., list(ID_DERIVED)] = dense[..., list(ID_DERIVED)].masked_fill(unknown[..., None], 0.0)
+        unknown |= id_mask.numpy()
+    vectors = item_vectors.numpy()
+    cand_vec = vectors[cand]  # (B, N, D)
+    hist_valid = hist != 0  # (B, T)
+    hist_len = np.maximum(hist_valid.sum(1), 1)  # (B,)
+    dense = np.empty((b, n, len(DENSE_FEATURES)), dtype=np.float32)
+    _similarity_features(dense, vectors, hist, hist_valid, hist_len, cand_vec)
+    score = np.where(valid, scores.numpy(), 0)  # in the scores' own dtype, as the gap is taken
+    dense[..., COLUMN["retrieval_score"]] = score
+    dense[..., COLUMN["retrieval_rank"]] = _log1p_ranks(n)
+    dense[..., COLUMN["score_gap"]] = score[:, :1] - score
+    dense[..., COLUMN["popularity"]] = t.popularity[cand]
+    dense[..., COLUMN["is_unknown"]] = unknown
+    meta = t.meta[cand]  # (B, N, M)
+    _meta_features(dense, t, hist, hist_valid, hist_len, meta)
+    dense[..., COLUMN["history_length"]] = _log1p(hist_len.astype(np.float32))[:, None]
+    _year_features(dense, t, hist, hist_valid, cand)
+    _follow_features(dense, t, hist, cand)
+    dense[..., ID_DERIVED] = np.where(unknown[..., None], np.float32(0), dense[..., ID_DERIVED])
+    out = torch.from_numpy(dense)
     if extras is not None and extras.names:
-        dense = torch.cat([dense, extra_columns(extras, history, candidates, unknown)], dim=-1)
-    dense = dense * valid[..., None]
-    product = (user[:, None, :] * cand_vec).masked_fill(unknown[..., None], 0.0)
-    return FeatureBatch(dense, candidates, meta, tables.year_bucket[candidates], user, product)
+        out = torch.cat([out, extra_columns(extras, history, candidates, torch.from_numpy(unknown))], dim=-1)
+    out = out * torch.from_numpy(valid[..., None])
+    product = torch.from_numpy(np.where(unknown[..., None], np.float32(0), user.numpy()[:, None, :] * cand_vec))
+    return FeatureBatch(out, candidates, torch.from_numpy(meta), torch.from_numpy(t.year_bucket[cand]), user, product)
 
 
-def _similarity_features(item_vectors: Tensor, history: Tensor, hist_valid: Tensor, hist_len: Tensor,
-                         cand_vec: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(B, N) cosine of each candidate with the history: max, mean, last item, mean of the last RECENT.
+def _log1p(x: np.ndarray) -> np.ndarray:
+    """torch's float32 log1p (numpy's may differ by an ulp, and trained rankers saw torch's values)."""
+    return torch.log1p(torch.from_numpy(x)).numpy()
+
+
+@functools.lru_cache(maxsize=16)
+def _log1p_ranks(n: int) -> np.ndarray:
+    """log1p of the 0-based ranks 0..n-1, float32 (the same for every request of a depth)."""
+    ranks = torch.log1p(torch.arange(n, dtype=torch.float32)).numpy()
+    ranks.flags.writeable = False
+    return ranks
+
+
+def _similarity_features(dense: np.ndarray, vectors: np.ndarray, history: np.ndarray, hist_valid: np.ndarray,
+                         hist_len: np.ndarray, cand_vec: np.ndarray) -> None:
+    """The (B, N) cosines of each candidate with the history: max, mean, last item, mean of the last RECENT.
 
     Computed in float64 and rounded to float32 at the end: in float32 the sums' rounding depends on the
     batch's shape (how many users, how much left padding), and one ulp is enough to send a LightGBM tree
     down another branch, so the same user would be scored differently offline and in a served micro-batch.
     """
-    cos = torch.einsum("bnd,btd->bnt", cand_vec.double(), item_vectors[history].double())  # (B, N, T)
-    cos_masked = cos.masked_fill(~hist_valid[:, None, :], -torch.inf)
-    history_max = cos_masked.amax(-1).clamp(min=-1.0)  # all-padding history -> -1
-    history_mean = (cos * hist_valid[:, None, :]).sum(-1) / hist_len[:, None]
-    last = cos[..., -1] * hist_valid[:, None, -1]
-    recent_valid = hist_valid[:, -RECENT:]
-    recent = (cos[..., -RECENT:] * recent_valid[:, None, :]).sum(-1) / recent_valid.sum(1).clamp(min=1)[:, None]
-    return history_max.float(), history_mean.float(), last.float(), recent.float()
+    cos = np.matmul(cand_vec.astype(np.float64), vectors[history].astype(np.float64).transpose(0, 2, 1))  # (B,N,T)
+    dense[..., COLUMN["history_max_cos"]] = np.maximum(np.where(hist_valid[:, None, :], cos, -np.inf).max(-1), -1.0)
+    cos *= hist_valid[:, None, :]  # padding positions count 0 from here on
+    dense[..., COLUMN["history_mean_cos"]] = cos.sum(-1) / hist_len[:, None]
+    dense[..., COLUMN["last_item_cos"]] = cos[..., -1]
+    recent = np.maximum(hist_valid[:, -RECENT:].sum(1), 1)
+    dense[..., COLUMN["recent_mean_cos"]] = cos[..., -RECENT:].sum(-1) / recent[:, None]
 
 
-def _year_features(tables: TorchTables, history: Tensor, hist_valid: Tensor,
-                   candidates: Tensor) -> tuple[Tensor, Tensor]:
-    """(B, N) the candidate's year bucket and its distance to the history's mean bucket (0 when unknown)."""
-    years = tables.year_bucket[candidates].float()  # (B, N)
-    hist_years = tables.year_bucket[history].float() * hist_valid
+def _year_features(dense: np.ndarray, t: TableArrays, history: np.ndarray, hist_valid: np.ndarray,
+                   candidates: np.ndarray) -> None:
+    """The candidate's year bucket and its distance to the history's mean bucket (0 when unknown)."""
+    years = t.year_bucket[candidates].astype(np.float32)  # (B, N)
+    hist_years = t.year_bucket[history].astype(np.float32) * hist_valid
     known_years = (hist_years > 0).sum(1)
-    mean_year = hist_years.sum(1) / known_years.clamp(min=1)  # (B,)
-    year_distance = torch.where((years > 0) & (known_years[:, None] > 0), (years - mean_year[:, None]).abs(),
-                                torch.zeros_like(years))
-    return years, year_distance
+    mean_year = hist_years.sum(1, dtype=np.float32) / np.maximum(known_years, 1).astype(np.float32)  # (B,)
+    dense[..., COLUMN["year_bucket"]] = years
+    dense[..., COLUMN["year_distance"]] = np.where((years > 0) & (known_years[:, None] > 0),
+                                                   np.abs(years - mean_year[:, None]), np.float32(0))
 
 
-def _follow_features(tables: TorchTables, history: Tensor, candidates: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(B, N) how often the candidate followed the last history item (count and share of that item's
-    followers) and the summed counts from the last RECENT items."""
-    b, n = candidates.shape
-    last_item = history[:, -1:].expand(b, n)  # (B, N)
-    follows_last = tables.follows(last_item, candidates)
-    share = follows_last / tables.follow_totals[last_item].clamp(min=1.0)
+def _follow_features(dense: np.ndarray, t: TableArrays, history: np.ndarray, candidates: np.ndarray) -> None:
+    """How often the candidate followed the last history item (log1p of the count and the share of that item's
+    followers) and log1p of the summed counts from the last RECENT items."""
     recent_items = history[:, -RECENT:]  # (B, R)
-    follows_recent = tables.follows(recent_items[:, None, :].expand(b, n, -1),
-                                    candidates[:, :, None].expand(-1, -1, recent_items.shape[1])).sum(-1)
-    return follows_last, share, follows_recent
+    counts = t.follows(recent_items[:, None, :], candidates[:, :, None])  # (B, N, R) float32
+    follows_last = counts[..., -1]
+    last_total = t.follow_totals[history[:, -1]]  # (B,)
+    dense[..., COLUMN["follows_last"]] = _log1p(follows_last)
+    dense[..., COLUMN["follows_last_share"]] = follows_last / np.maximum(last_total, np.float32(1))[:, None]
+    dense[..., COLUMN["follows_recent"]] = _log1p(counts.sum(-1, dtype=np.float32))
 
 
-def _meta_features(tables: TorchTables, history: Tensor, hist_valid: Tensor, hist_len: Tensor,
-                   meta: Tensor) -> tuple[Tensor, Tensor]:
+def _meta_features(dense: np.ndarray, t: TableArrays, history: np.ndarray, hist_valid: np.ndarray,
+                   hist_len: np.ndarray, meta: np.ndarray) -> None:
+    """The share of the candidate's metadata values present in the history, and their mean frequency there."""
     b, n, m = meta.shape
-    hist_meta = tables.meta[history] * hist_valid[..., None]  # (B, T, M)
-    counts = torch.zeros(b, tables.n_meta + 1, device=meta.device)
-    counts.scatter_add_(1, hist_meta.reshape(b, -1), torch.ones_like(hist_meta.reshape(b, -1), dtype=torch.float32))
+    hist_meta = t.meta[history] * hist_valid[..., None]  # (B, T, M)
+    width = t.n_meta + 1
+    keys = (np.arange(b)[:, None] * width + hist_meta.reshape(b, -1)).reshape(-1)
+    counts = np.bincount(keys, minlength=b * width).reshape(b, width).astype(np.float32)
     counts[:, 0] = 0  # value id 0 = none
-    found = counts.gather(1, meta.reshape(b, n * m)).reshape(b, n, m)  # (B, N, M) history count per value
-    has = (meta != 0).sum(-1).clamp(min=1)  # (B, N)
-    overlap = (found > 0).sum(-1) / has
-    affinity = (found / hist_len[:, None, None]).sum(-1) / has
-    return overlap.float(), affinity.float()
+    found = np.take_along_axis(counts, meta.reshape(b, n * m), 1).reshape(b, n, m)  # history count per value
+    has = np.maximum((meta != 0).sum(-1), 1).astype(np.float32)  # (B, N)
+    dense[..., COLUMN["meta_overlap"]] = (found > 0).sum(-1).astype(np.float32) / has
+    share = found / hist_len.astype(np.float32)[:, None, None]
+    # torch's float32 sum (numpy's pairwise sum rounds differently, and trained rankers saw torch's values)
+    dense[..., COLUMN["meta_affinity"]] = torch.from_numpy(share).sum(-1).numpy() / has
 
 
 def standardize_stats(dense: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:

@@ -123,9 +123,12 @@ def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Que
     cached = {i: v for i, q in enumerate(queries) if q.user is not None and not q.personalize
               and (v := cache.get(q.user, q.history)) is not None}
     plain = [i for i, q in enumerate(queries) if not q.personalize and i not in cached]
-    user = torch.zeros(len(queries), bundle.vectors.shape[1])  # a normal tensor: personalize writes into it too
-    if plain:
-        user[plain] = bundle.encode(history[plain])
+    if len(plain) == len(queries):  # the common case: no row indexing (torch's costs more than the copy it saves)
+        user = bundle.encode(history).clone()
+    else:
+        user = torch.zeros(len(queries), bundle.vectors.shape[1])  # a normal tensor: personalize writes into it
+        if plain:
+            user[plain] = bundle.encode(history[plain])
     special = [i for i, q in enumerate(queries) if q.personalize]
     if special:
         model = bundle.artifact.model
@@ -179,8 +182,11 @@ def _excluded(query: Query, retired: frozenset[int] = frozenset(), *, eligible: 
     catalogue's retired items;
     with ``eligible``, also every item outside its allow-list (the business filters), for a source that
     cannot take the allow-list itself."""
-    banned = np.array(sorted({*(query.history if query.exclude_seen else ()), *query.exclude, *retired}),
-                      dtype=np.int64)
+    parts = [np.asarray(query.history if query.exclude_seen else (), dtype=np.int64),
+             np.asarray(query.exclude, dtype=np.int64)]
+    if retired:
+        parts.append(np.fromiter(retired, dtype=np.int64, count=len(retired)))
+    banned = np.unique(np.concatenate(parts))  # sorted, unique
     if eligible and query.allowed is not None:
         banned = np.union1d(banned, np.flatnonzero(~query.allowed) + 1)
     return banned

@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait-ms", type=float, default=None, help="SEQREC_MAX_WAIT_MS of the server")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
-    pyspy = shutil.which("py-spy")
+    # the venv's own py-spy too, when the venv is not activated (PATH lacks its bin folder)
+    pyspy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if pyspy is None:
         raise SeqrecError("py-spy not found: pip install py-spy")
     payloads = payloads_from_catalogue(load_catalogue(args.artifact), 500, 50, 200, 0)

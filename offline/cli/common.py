@@ -27,8 +27,10 @@ def set_threads(n: int | None) -> None:
         if n < 1:
             raise SeqrecError(f"--threads must be >= 1, got {n}")
         import torch
+        from threadpoolctl import threadpool_limits
 
         torch.set_num_threads(n)
+        threadpool_limits(n, user_api="blas")  # numpy's BLAS (the ranker's features), which defaults to every core
 
 
 def parse_ks(text: str) -> tuple[int, ...]:

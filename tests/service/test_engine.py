@@ -58,3 +58,26 @@ async def test_a_request_keeps_the_bundle_it_was_mapped_with(served: Bundle, rel
     assert results[0].bundle is served
     assert results[1].bundle is reloaded
     assert sorted(sizes) == [1, 1]  # one batch per bundle
+
+
+def test_set_threads_caps_numpy_blas_too() -> None:
+    """The ranker's features multiply in numpy: its BLAS must not keep a thread per core spinning beside the
+    event loop (the engine's inference thread calls set_threads with SEQREC_THREADS)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from service.engine import set_threads
+
+    blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+    if not blas:
+        pytest.skip("numpy has no BLAS thread pool here")
+    import faiss
+    import torch
+
+    torch_threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
+    try:
+        with threadpool_limits(None):  # restores the BLAS pools' counts on exit
+            set_threads(1)
+            assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
+    finally:
+        torch.set_num_threads(torch_threads)
+        faiss.omp_set_num_threads(faiss_threads)
