@@ -60,7 +60,9 @@ class DataSpec(_Strict):
 class PipelineConfig(_Strict):
     name: str = Field(description="names the published versions")
     data: DataSpec
-    retriever: Path = Field(description="run config YAML of the retriever (relative to this file)")
+    retriever: Path | None = Field(None, description="run config YAML of the retriever (relative to this file); "
+                                   "none: the built-in defaults of `retriever/config.py` (with `tune:`, the search's "
+                                   "starting point)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="section.key: value for the retriever")
     tune: TuneSection | None = Field(None, description="search the retriever config first (`seqrec tune`)")
     index: Literal["auto", "flat", "hnsw", "ivf"] = "auto"
@@ -78,7 +80,9 @@ def load_pipeline_config(path: Path) -> PipelineConfig:
     except ValidationError as err:
         raise SeqrecError(f"{path}: {validation_message(err)}") from None
     base = Path(path).resolve().parent
-    updates: dict[str, Any] = {"retriever": _relative(base, config.retriever)}
+    updates: dict[str, Any] = {}
+    if config.retriever is not None:
+        updates["retriever"] = _relative(base, config.retriever)
     data = config.data
     if data.path is not None:
         updates["data"] = data.model_copy(update={"path": _relative(base, data.path)})
