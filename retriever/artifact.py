@@ -18,6 +18,7 @@ whose manifest is present and whose checksums match is complete.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -70,8 +71,8 @@ class RetrieverArtifact:
     def n_items(self) -> int:
         return len(self.item_ids)
 
-    @property
-    def max_len(self) -> int:
+    @functools.cached_property
+    def max_len(self) -> int:  # cached: it builds the backbone's config, and every served request asks
         return self.config.max_len(self.n_items)
 
 

@@ -26,21 +26,27 @@ class State:
     metrics: Metrics
 
 
-def get_state(request: Request) -> State:
+# The dependencies are coroutines: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per
+# request and dependency (py-spy on the served /recommend: an AnyIO worker thread busy on every request).
+async def get_state(request: Request) -> State:
+    return _state(request)
+
+
+async def get_engine(request: Request) -> Engine:
+    return _state(request).engine
+
+
+async def get_store(request: Request) -> HistoryStore:
+    return _state(request).store
+
+
+async def get_metrics(request: Request) -> Metrics:
+    return _state(request).metrics
+
+
+def _state(request: Request) -> State:
     state: State = request.app.state.seqrec
     return state
-
-
-def get_engine(request: Request) -> Engine:
-    return get_state(request).engine
-
-
-def get_store(request: Request) -> HistoryStore:
-    return get_state(request).store
-
-
-def get_metrics(request: Request) -> Metrics:
-    return get_state(request).metrics
 
 
 StateDep = Annotated[State, Depends(get_state)]

@@ -130,7 +130,36 @@ def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.Capt
 def test_committed_pipeline_configs_are_valid(name: str) -> None:
     root = Path(__file__).resolve().parents[3]
     config = load_pipeline_config(root / "configs" / "pipeline" / f"{name}.yaml")
-    assert config.retriever.is_file()  # the retriever config it names exists
+    assert config.retriever is not None
+    assert config.retriever.is_file()
+
+
+@pytest.mark.parametrize("name", ["ml-100k-auto", "beauty-auto"])
+def test_the_untuned_pipeline_configs_name_no_retriever_config(name: str) -> None:
+    """The "no hand-written config" runs: the built-in defaults, searched by `seqrec tune` within a CPU budget."""
+    root = Path(__file__).resolve().parents[3]
+    config = load_pipeline_config(root / "configs" / "pipeline" / f"{name}.yaml")
+    assert config.retriever is None
+    assert not config.overrides
+    assert config.tune is not None
+    assert config.tune.minutes == 60
+    assert config.tune.clock == "cpu"
+
+
+def test_a_pipeline_without_a_retriever_config_trains_the_built_in_defaults(tmp_path: Path) -> None:
+    config = tmp_path / "defaults.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "defaults",
+        "data": {"dataset": "synthetic", "synthetic": {"n_users": 150, "n_items": 60, "mean_length": 12, "seed": 1}},
+        "overrides": {"model.d_model": 16, "model.n_layers": 1, "model.n_heads": 2, "train.epochs": 2},
+        "ranker": {"kind": "none"},
+    }))
+    assert main(["pipeline", "--config", str(config), "--out", str(tmp_path / "a"), "--threads", "1", "-q"]) == 0
+    trained = json.loads((tmp_path / "a" / "current" / "config.json").read_text())
+    assert trained["model"]["d_model"] == 16  # the override
+    assert trained["model"]["backbone"] == "transformer"  # the rest: retriever/config.py's defaults
+    assert trained["train"]["lr"] == 1e-3
+    assert trained["loss"]["name"] == "infonce"
 
 
 def test_an_old_pipeline_record_loads_and_writes_back_byte_for_byte() -> None:
