@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service.bundle import Bundle, resolve_bundle
 from service.catalog import load_served
 from service.deps import State, require_key
-from service.engine import Engine, set_threads
+from service.engine import Engine, Overloaded, set_threads
 from service.metrics import Metrics
 from service.reloading import watch_current
 from service.routes import admin, catalog, events, health, history, items, recommend, web
@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
     app = FastAPI(title="seqrec", version="0.1.0", max_body_size=settings.max_body_bytes,
                   lifespan=functools.partial(lifespan, settings=settings, metrics=metrics, preloaded=bundle),
                   exception_handlers={RequestValidationError: invalid, StarletteHTTPException: http_error,
-                                      StoreUnavailable: store_down},
+                                      StoreUnavailable: store_down, Overloaded: overloaded},
                   description="Two-stage sequential recommendations: retrieval over a FAISS index, then reranking.")
     app.add_middleware(_Measured, metrics=metrics)
     # Without a key, writes are open, and the OpenAPI document says so (no security scheme, no 401).
@@ -80,7 +80,7 @@ async def lifespan(app: FastAPI, *, settings: Settings, metrics: Metrics,
     else:
         path, served = preloaded.path, preloaded
     engine = Engine(served, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
-                    threads=settings.threads, personalize_beta=settings.personalize_beta,
+                    max_queue=settings.max_queue, threads=settings.threads, personalize_beta=settings.personalize_beta,
                     personalize_steps=settings.personalize_steps, on_batch=metrics.batch.observe,
                     inference=settings.inference)
     await engine.start()
@@ -132,6 +132,11 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
                    if isinstance(r, APIRoute) and r.path_regex.match(path) for m in r.methods or ()}
         exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(methods))}
     return await http_exception_handler(request, exc)
+
+
+async def overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+    request.app.state.seqrec.metrics.shed.inc()
+    return JSONResponse({"detail": f"overloaded, retry later: {exc}"}, status_code=503, headers={"Retry-After": "1"})
 
 
 async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:

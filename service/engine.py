@@ -4,7 +4,9 @@ Adaptive micro-batching: one worker takes every request queued (up to ``max_batc
 with one `service.recommend.recommend_batch` call in ``torch.inference_mode`` on a single inference
 thread. An idle engine answers a lone request at once; requests that arrive while the model is busy pile
 up and form the next batch, so batches grow with the load and never wait for it. ``max_wait_ms`` (default
-0) adds a fixed wait for more requests, for when larger batches pay more than the wait costs.
+0) adds a fixed wait for more requests, for when larger batches pay more than the wait costs. Past
+``max_queue`` waiting requests a new one is refused at once (`Overloaded`, a 503 with Retry-After): under
+overload a queue that only grows answers everybody too late.
 
 ``reload`` validates a new bundle before it replaces the old one, and a request keeps the bundle its
 internal ids were mapped with, even when a reload swaps in another meanwhile.
@@ -29,13 +31,18 @@ from service.recommend import Query, Result, recommend_batch
 log = logging.getLogger(__name__)
 
 
+class Overloaded(Exception):
+    """The queue already holds ``max_queue`` requests: this one is refused at once (the route answers 503)."""
+
+
 _Pending = tuple[Query, Bundle, asyncio.Future[Result[Bundle]]]  # a queued request and the bundle its ids belong to
 
 
 class Engine:
     """The served bundle, the micro-batching worker and hot reload."""
 
-    def __init__(self, bundle: Bundle, *, max_batch: int = 32, max_wait_ms: float = 0.0, threads: int = 1,
+    def __init__(self, bundle: Bundle, *, max_batch: int = 32, max_wait_ms: float = 0.0, max_queue: int = 256,
+                 threads: int = 1,
                  personalize_beta: float = 1e-5, personalize_steps: int = 1,
                  on_batch: Callable[[int], None] | None = None, inference: Inference = "auto") -> None:
         self.bundle = bundle
@@ -43,6 +50,8 @@ class Engine:
         self._run_batch = functools.partial(recommend_batch, beta=personalize_beta, steps=personalize_steps)
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000
+        self.max_queue = max_queue
+        self.shed = 0  # requests refused because the queue was full
         self.threads = threads
         self.inference: Inference = inference  # how reloaded bundles run (service.bundle.load_bundle)
         self._queue: asyncio.Queue[_Pending] | None = None
@@ -69,6 +78,9 @@ class Engine:
         ids come from, even when a reload swaps in another bundle (maybe another catalogue) meanwhile."""
         if self._queue is None:
             raise RuntimeError("engine not started")
+        if self._queue.qsize() >= self.max_queue:  # shed load: an answer later than any client waits is no use
+            self.shed += 1
+            raise Overloaded(f"{self._queue.qsize()} requests already wait for the model (SEQREC_MAX_QUEUE)")
         future: asyncio.Future[Result[Bundle]] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((query, bundle or self.bundle, future))
         return await future

@@ -28,6 +28,8 @@ class Metrics:
         self.model = Gauge("seqrec_model_info", "the served model (value 1)", ["version", "ranker"],
                            registry=self.registry)
         self.reloads = Counter("seqrec_reloads_total", "bundle reloads", ["result"], registry=self.registry)
+        self.shed = Counter("seqrec_shed_total", "/recommend requests refused with 503 because the queue was full",
+                            registry=self.registry)
         self.fallbacks = Counter("seqrec_fallbacks_total", "answers without a usable history", ["kind"],
                                  registry=self.registry)
 

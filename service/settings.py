@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     max_batch: int = Field(32, ge=1, le=1024, description="requests micro-batched into one forward pass")
     max_wait_ms: float = Field(0.0, ge=0, le=1000, description="extra wait for more requests before a batch "
                                "runs; 0 = adaptive: a batch holds what queued while the last one ran")
+    max_queue: int = Field(256, ge=1, le=1_000_000, description="requests waiting for the model; past it "
+                           "/recommend answers 503 with Retry-After at once instead of queueing (load shedding)")
     threads: int = Field(1, ge=1, le=256, description="torch, ONNX Runtime and FAISS threads for inference")
     inference: Literal["auto", "onnx", "eager"] = Field(
         "auto", description="auto: the encoder and the MLP ranker run compiled (ONNX Runtime) when they export "

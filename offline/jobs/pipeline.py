@@ -61,8 +61,7 @@ class PipelineConfig(_Strict):
     name: str = Field(description="names the published versions")
     data: DataSpec
     retriever: Path | None = Field(None, description="run config YAML of the retriever (relative to this file); "
-                                   "none: the built-in defaults of `retriever/config.py` (with `tune:`, the search's "
-                                   "starting point)")
+                                   "none: retriever/config.py's defaults (with `tune:`, where the search starts)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="section.key: value for the retriever")
     tune: TuneSection | None = Field(None, description="search the retriever config first (`seqrec tune`)")
     index: Literal["auto", "flat", "hnsw", "ivf"] = "auto"
@@ -80,9 +79,7 @@ def load_pipeline_config(path: Path) -> PipelineConfig:
     except ValidationError as err:
         raise SeqrecError(f"{path}: {validation_message(err)}") from None
     base = Path(path).resolve().parent
-    updates: dict[str, Any] = {}
-    if config.retriever is not None:
-        updates["retriever"] = _relative(base, config.retriever)
+    updates: dict[str, Any] = {} if config.retriever is None else {"retriever": _relative(base, config.retriever)}
     data = config.data
     if data.path is not None:
         updates["data"] = data.model_copy(update={"path": _relative(base, data.path)})
@@ -253,9 +250,8 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
 
     init_from = served_bundle(run.folder.parent.parent) if config.warm_start else None
     extra = config.warm_start_overrides if init_from else {}
-    overrides = [f"{k}={v}" for k, v in {**config.overrides, **extra}.items()]
-    if threads is not None:
-        overrides.append(f"train.threads={threads}")
+    threads_override = {} if threads is None else {"train.threads": threads}
+    overrides = [f"{k}={v}" for k, v in {**config.overrides, **extra, **threads_override}.items()]
     retriever_config = load_config(config.retriever, overrides)
     if config.tune is not None:  # the search starts from the config and overrides above (offline/tune)
         from offline.tune.study import tuned_config

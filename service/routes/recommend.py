@@ -18,7 +18,8 @@ router = APIRouter()
 @router.post("/recommend", response_model=RecommendResponse,
              responses={**UNREADABLE, **INVALID, **TOO_LARGE,
                         503: {**STORE_DOWN[503], "description": "user_id-only request while the history store "
-                                                                 "is unreachable"}})
+                                                                 "is unreachable, or SEQREC_MAX_QUEUE requests "
+                                                                 "already wait for the model (load shedding)"}})
 async def recommend(body: RecommendRequest, s: StateDep) -> Response:
     # The body is built to RecommendResponse's shape (tests/service check it against the schema) and written
     # with orjson: validating and serialising it again through pydantic cost ~20x more (docs/results/serve).

@@ -4,12 +4,13 @@ answered by the bundle its internal ids were mapped with even when a reload swap
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
 from service.bundle import Bundle, load_bundle
-from service.engine import Engine
+from service.engine import Engine, Overloaded
 from service.recommend import Query, Result, recommend_batch
 
 pytestmark = pytest.mark.anyio
@@ -81,3 +82,57 @@ def test_set_threads_caps_numpy_blas_too() -> None:
     finally:
         torch.set_num_threads(torch_threads)
         faiss.omp_set_num_threads(faiss_threads)
+
+
+async def test_a_full_queue_refuses_at_once_and_every_admitted_request_is_answered(served: Bundle) -> None:
+    """Load shedding: with the model busy and ``max_queue`` requests waiting, the next one gets `Overloaded` at
+    once (the route's 503), and the admitted ones are still answered, each as it would be alone."""
+    release = threading.Event()
+    engine = Engine(served, max_batch=1, max_queue=2)
+    real = engine._run_batch
+
+    def busy_model(bundle: Bundle, queries: list[Query]) -> list[Result[Bundle]]:
+        release.wait(30)
+        return real(bundle, queries)
+
+    engine._run_batch = busy_model  # type: ignore[assignment]
+    await engine.start()
+    try:
+        running = asyncio.create_task(engine.recommend(QUERIES[0]))
+        await asyncio.sleep(0.1)  # the worker took it and waits in the model
+        waiting = [asyncio.create_task(engine.recommend(q)) for q in QUERIES[1:]]
+        await asyncio.sleep(0.05)  # both queued
+        with pytest.raises(Overloaded, match="2 requests already wait"):
+            await engine.recommend(QUERIES[0])
+        assert engine.shed == 1
+        release.set()
+        results = await asyncio.gather(running, *waiting)
+    finally:
+        release.set()
+        await engine.stop()
+    for query, result in zip(QUERIES, results, strict=True):
+        assert result.items == recommend_batch(served, [query])[0].items, query
+
+
+async def test_an_overloaded_service_answers_503_with_retry_after(served: Bundle,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the app (in-process ASGI, its own lifespan): the 503 says why, asks to retry, and is counted."""
+    import httpx
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    async def refuse(self: Engine, query: Query, bundle: Bundle | None = None) -> Result[Bundle]:
+        raise Overloaded("256 requests already wait for the model (SEQREC_MAX_QUEUE)")
+
+    monkeypatch.setattr(Engine, "recommend", refuse)
+    app = create_app(Settings(artifacts=served.path), bundle=served)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+        response = await client.post("/recommend", json={"history": [served.external(1)]})
+        metrics = (await client.get("/metrics")).text
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert response.json() == {"detail": "overloaded, retry later: 256 requests already wait for the model "
+                                         "(SEQREC_MAX_QUEUE)"}
+    assert "seqrec_shed_total 1.0" in metrics
