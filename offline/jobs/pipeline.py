@@ -9,8 +9,7 @@ Every stage writes into the run's work folder; only `publish` touches ``versions
 new symlink over ``current``, so a failing or killed stage never changes what is served.
 ``--resume`` continues the newest unpublished run of the same config after its last finished
 stage (training itself resumes from its last checkpoint), or starts a new run when there is
-none, so a scheduled job can always pass it. The newest ``keep`` versions are kept; the one
-``current`` names never goes.
+none, so a scheduled job can always pass it. The newest ``keep`` versions stay (never ``current``'s).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
 from offline.tables import markdown_table
-from offline.tune.section import TuneSection
+from offline.tune.section import TuneSection, keep_report
 from ranker.config import RankerSection
 from retriever.atomic import atomic_write
 from retriever.config import read_yaml
@@ -328,6 +327,7 @@ def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any
                                published_at=datetime.now(UTC).isoformat(timespec="seconds"))
         _write_json(run.bundle / "pipeline.json", record)
         carry_retired(artifacts, run.bundle)
+        keep_report(run.folder / "tune", run.bundle)  # the search's report, when the config has `tune:`
         os.replace(run.bundle, target)
     _fault_point("publish-before-switch")
     switch_current(artifacts, target)

@@ -5,6 +5,9 @@
     trials.csv    the same rows
     history.png   validation NDCG@10 of every trial in order, and the best so far
     result.json   the best trial's validation and test figures, side by side
+
+`seqrec pipeline` publishes the same files (not the study or the trials' own folders) in the bundle's tune/
+(`offline.tune.section.keep_report`).
 """
 
 from __future__ import annotations
@@ -94,3 +97,4 @@ def write_report(study: optuna.Study, best_config: dict[str, Any], result: dict[
     atomic_write(out / "best.yaml", lambda p: p.write_text(text))
     atomic_write(out / "result.json", lambda p: p.write_text(json.dumps(result, indent=2, default=str) + "\n"))
     plot_history(study, out / "history.png")
+

@@ -12,6 +12,7 @@ import yaml
 
 from offline.cli import main
 from offline.data.split import LeaveOneOut
+from offline.tune.section import REPORT_FILES, keep_report
 from offline.tune.space import SCHEDULES
 from offline.tune.study import Search
 from tests.tiny import prepare_tiny
@@ -131,6 +132,22 @@ def test_pipeline_tunes_then_trains_the_best_config(tmp_path: Path) -> None:
     assert main(["pipeline", "--config", str(config), "--out", str(tmp_path / "artifacts"), "-q"]) == 0
     manifest = json.loads((tmp_path / "artifacts" / "current" / "config.json").read_text())
     assert manifest["model"]["d_model"] == 32  # the tuned config, not tiny.yaml's 16
+    published = tmp_path / "artifacts" / "current" / "tune"  # the search's report outlives the work folder
+    assert sorted(p.name for p in published.iterdir()) == sorted(REPORT_FILES)
+
+
+def test_a_published_bundle_keeps_the_search_report_but_not_the_study(tmp_path: Path) -> None:
+    out, bundle = tmp_path / "tune", tmp_path / "bundle"
+    (out / "trials" / "0000").mkdir(parents=True)
+    bundle.mkdir()
+    (out / "study.db").write_text("sqlite")
+    keep_report(out, bundle)
+    assert not (bundle / "tune").exists()  # no finished search (no best.yaml): nothing to keep
+    for name in REPORT_FILES:
+        (out / name).write_text(name)
+    keep_report(out, bundle)
+    assert sorted(p.name for p in (bundle / "tune").iterdir()) == sorted(REPORT_FILES)
+    assert (bundle / "tune" / "trials.md").read_text() == "trials.md"
 
 
 def test_a_trial_at_the_wall_clock_deadline_completes_with_its_best_epoch(tmp_path: Path) -> None:
