@@ -178,17 +178,6 @@ class TorchTables:
         return TableArrays(self.popularity.numpy(), self.known.numpy(), self.meta.numpy(), self.year_bucket.numpy(),
                            self.pair_keys.numpy(), self.pair_counts.numpy(), self.follow_totals.numpy(), self.n_meta)
 
-    def follows(self, source: Tensor, target: Tensor) -> Tensor:
-        """How often ``target`` followed ``source`` in training (elementwise; 0 for padding)."""
-        n = self.popularity.shape[0]
-        keys = source * n + target
-        if len(self.pair_keys) == 0:
-            return torch.zeros(keys.shape, dtype=torch.float32, device=keys.device)
-        pos = torch.searchsorted(self.pair_keys, keys.reshape(-1)).clamp(max=len(self.pair_keys) - 1)
-        found = self.pair_keys[pos] == keys.reshape(-1)
-        counts = torch.where(found, self.pair_counts[pos], torch.zeros_like(self.pair_counts[pos]))
-        return (counts * ((source != 0) & (target != 0)).reshape(-1)).reshape(keys.shape)
-
 
 @dataclass(frozen=True)
 class FeatureBatch:

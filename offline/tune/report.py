@@ -97,4 +97,3 @@ def write_report(study: optuna.Study, best_config: dict[str, Any], result: dict[
     atomic_write(out / "best.yaml", lambda p: p.write_text(text))
     atomic_write(out / "result.json", lambda p: p.write_text(json.dumps(result, indent=2, default=str) + "\n"))
     plot_history(study, out / "history.png")
-
