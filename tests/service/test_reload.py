@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,15 +175,22 @@ def test_every_worker_follows_a_publish_under_load(artifacts: Artifacts,
     api.start()
     try:
 
-        def versions() -> dict[int, str]:
-            """The version each worker serves, from fresh connections until both workers have answered."""
+        def versions(wait_s: float = 5.0) -> dict[int, str]:
+            """The version each worker serves, from fresh connections until both workers have answered (or
+            ``wait_s`` has passed: `start` returns when the first worker is ready, the second may still be
+            loading its bundle on a slow machine)."""
             seen: dict[int, str] = {}
+            deadline = time.monotonic() + wait_s
             with api.client(headers={"Connection": "close"}) as c:
-                for _ in range(200):
-                    ready = c.get("/readyz").json()
-                    seen[ready["worker"]] = ready["model_version"]
-                    if len(seen) == 2:
-                        break
+                while len(seen) < 2 and time.monotonic() < deadline:
+                    try:
+                        ready = c.get("/readyz")
+                    except httpx.TransportError:
+                        continue
+                    if ready.status_code == 200:
+                        seen[ready.json()["worker"]] = ready.json()["model_version"]
+                    if len(seen) < 2:
+                        time.sleep(0.01)
             return seen
 
         async def scenario() -> tuple[list[httpx.Response], dict[int, str]]:
@@ -209,7 +217,7 @@ def test_every_worker_follows_a_publish_under_load(artifacts: Artifacts,
                 done.set()
                 return [r for answers in await asyncio.gather(*loaders) for r in answers], after
 
-        before = versions()
+        before = versions(wait_s=90.0)
         assert len(before) == 2
         assert set(before.values()) == {v1}
         during, after = asyncio.run(scenario())
