@@ -57,8 +57,12 @@ class LGBMRanker:
         rows = np.ascontiguousarray(batch.dense.reshape(b * n, f).cpu().numpy()[valid], dtype=np.float32)
         scores = np.full(b * n, -np.inf, dtype=np.float32)
         if len(rows):
-            scores[valid] = self.booster.predict(rows, num_threads=1)
+            scores[valid] = self.predict(rows)
         return torch.from_numpy(scores.reshape(b, n)).to(batch.dense.device)
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        """(rows,) float64 scores of a (rows, F) float32 matrix: LightGBM's own predictor, one thread."""
+        return np.asarray(self.booster.predict(rows, num_threads=1))
 
     def save(self, folder: Path) -> dict[str, Any]:
         text = self.booster.model_to_string(num_iteration=self.booster.best_iteration or None)

@@ -21,8 +21,9 @@ import pyarrow.parquet as pq
 import torch
 
 from ranker.artifact import RankerArtifact, load_ranker, unit_item_vectors
-from ranker.compiled import load_mlp
+from ranker.compiled import load_lgbm, load_mlp
 from ranker.features import TorchTables
+from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
 from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, load_artifact
 from retriever.compiled import ExportRefused, load_encoder
@@ -166,7 +167,9 @@ def load_bundle(path: Path, *, inference: Inference = "auto", threads: int = 1) 
 
     inference: ``auto`` serves the encoder and the MLP ranker through ONNX Runtime when they compile and match
     eager (`retriever.compiled`), else eagerly with one log line saying why; ``onnx`` refuses a bundle whose
-    encoder (or MLP ranker) does not compile; ``eager`` never compiles. threads: ONNX Runtime's intra-op threads.
+    encoder (or MLP ranker) does not compile; ``eager`` never compiles. A LightGBM ranker's trees are compiled
+    by lleaves unless ``eager`` (`ranker.compiled`), LightGBM predicting when they do not compile or match.
+    threads: ONNX Runtime's intra-op threads.
     """
     path = Path(path)
     try:
@@ -222,6 +225,12 @@ def _compile(path: Path, artifact: RetrieverArtifact, ranker: RankerArtifact | N
             record["ranker"] = "onnx"
         except ExportRefused as err:
             _refused(path, "MLP ranker", err, inference)
+    elif ranker is not None and isinstance(ranker.ranker, LGBMRanker):
+        try:  # never refused, not even under `onnx`: LightGBM's own predictor is native code too, only slower
+            ranker = replace(ranker, ranker=load_lgbm(ranker.ranker))
+            record["ranker"] = "lleaves"
+        except ExportRefused as err:
+            log.info("%s: LightGBM predicts for the ranker (not compiled): %s", path, err)
     return encoder, ranker, record
 
 

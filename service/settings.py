@@ -48,7 +48,8 @@ class Settings(BaseSettings):
     threads: int = Field(1, ge=1, le=256, description="torch, ONNX Runtime and FAISS threads for inference")
     inference: Literal["auto", "onnx", "eager"] = Field(
         "auto", description="auto: the encoder and the MLP ranker run compiled (ONNX Runtime) when they export "
-        "and match eager at load, else eagerly (logged); onnx: refuse a bundle that does not compile; eager: never")
+        "and match eager at load, else eagerly (logged), and a LightGBM ranker's trees compiled by lleaves; onnx: "
+        "refuse a bundle whose encoder or MLP does not compile; eager: never compile")
     personalize_beta: float = Field(1e-5, ge=0, le=1, description="PCRec-simple step size (`personalize: true`)")
     personalize_steps: int = Field(1, ge=0, le=10, description="PCRec-simple gradient steps per request")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")

@@ -1,11 +1,13 @@
 """The served path through ONNX Runtime (SEQREC_INFERENCE): same answers as eager, old bundles compiled at
-load, and the eager fallback (or, with ``onnx``, a refusal) when the encoder does not compile."""
+load, and the eager fallback (or, with ``onnx``, a refusal) when the encoder does not compile; the LightGBM
+ranker's trees compiled by lleaves, with LightGBM's predictor as the fallback."""
 
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +16,10 @@ import torch
 from pydantic import ValidationError
 
 from offline.cli import main as seqrec
-from ranker.compiled import MLP_FILE, CompiledMLP
+from ranker.compiled import MLP_FILE, CompiledLGBM, CompiledMLP, check_lgbm, load_lgbm, threshold_rows
+from ranker.lgbm import LGBMRanker
 from retriever.artifact import write_artifact
-from retriever.compiled import ENCODER_FILE
+from retriever.compiled import ENCODER_FILE, ExportRefused
 from service.bundle import BundleError, load_bundle
 from service.recommend import Query, recommend_batch
 from service.settings import Settings
@@ -58,6 +61,53 @@ def test_the_compiled_bundle_answers_as_the_eager_one(mlp_bundle: Path) -> None:
                 assert abs(retrieval - retrieval_e) <= 1e-4
 
 
+def test_the_lightgbm_trees_compiled_answer_as_lightgbm(bundle: Path) -> None:
+    compiled, eager = load_bundle(bundle), load_bundle(bundle, inference="eager")
+    assert compiled.inference == {"encoder": "onnx", "ranker": "lleaves"}
+    assert eager.inference == {"encoder": "eager", "ranker": "lgbm"}
+    assert compiled.ranker is not None
+    assert eager.ranker is not None
+    assert isinstance(compiled.ranker.ranker, CompiledLGBM)
+    assert type(eager.ranker.ranker) is LGBMRanker
+    queries = _queries(compiled.n_items)
+    for batch in (queries[:1], queries):
+        for got, expected in zip(recommend_batch(compiled, batch), recommend_batch(eager, batch), strict=True):
+            assert [i for i, _, _ in got.items] == [i for i, _, _ in expected.items]
+            for (_, score, _), (_, score_e, _) in zip(got.items, expected.items, strict=True):
+                assert abs(score - score_e) <= 1e-4  # the encoder's float32 (ONNX against eager); the trees: 1e-15
+    ranker = eager.ranker.ranker
+    assert isinstance(ranker, LGBMRanker)
+    rows = threshold_rows(ranker.booster, 2000, seed=1)
+    assert np.abs(load_lgbm(ranker).predict(rows) - ranker.predict(rows)).max() <= 1e-9
+
+
+def test_a_forest_that_branches_otherwise_is_refused(bundle: Path) -> None:
+    """The check compares against LightGBM at every threshold: a forest of the same trees but the first one
+    (standing for a miscompiled one) is refused."""
+    eager = load_bundle(bundle, inference="eager").ranker
+    assert eager is not None
+    assert isinstance(eager.ranker, LGBMRanker)
+    booster = eager.ranker.booster
+    assert booster.num_trees() > 1
+    first_tree = LGBMRanker(type(booster)(model_str=booster.model_to_string(num_iteration=1)), eager.ranker.params,
+                            eager.ranker.extra_features)
+    with pytest.raises(ExportRefused, match="differ from LightGBM's"):
+        check_lgbm(load_lgbm(first_tree), eager.ranker)
+
+
+def test_without_lleaves_lightgbm_predicts(bundle: Path, monkeypatch: pytest.MonkeyPatch,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setitem(sys.modules, "lleaves", None)  # `import lleaves` raises ImportError
+    with caplog.at_level(logging.INFO, logger="service.bundle"):
+        loaded = load_bundle(bundle, inference="onnx")  # not a refusal: LightGBM is native code too
+    assert loaded.inference == {"encoder": "onnx", "ranker": "lgbm"}
+    assert loaded.ranker is not None
+    assert type(loaded.ranker.ranker) is LGBMRanker
+    assert [r.getMessage() for r in caplog.records if "LightGBM predicts" in r.getMessage()] == [
+        f"{bundle}: LightGBM predicts for the ranker (not compiled): lleaves is not importable "
+        "(import of lleaves halted; None in sys.modules)"]
+
+
 def _drop_compiled(path: Path, record: dict[str, str] | None) -> None:
     """Make ``path`` look like a bundle written before the compiled path (or, with ``record``, one whose
     encoder was refused when it was written)."""
@@ -75,7 +125,7 @@ def test_an_old_bundle_is_compiled_once_at_load(bundle: Path, tmp_path: Path) ->
     shutil.copytree(bundle, path)
     _drop_compiled(path, None)
     loaded = load_bundle(path, inference="onnx")
-    assert loaded.inference == {"encoder": "onnx", "ranker": "lgbm"}
+    assert loaded.inference == {"encoder": "onnx", "ranker": "lleaves"}
     assert not (path / ENCODER_FILE).exists()  # compiled in memory: the bundle's files stay as published
 
 
