@@ -93,7 +93,7 @@ def test_noop_server_at_50_per_second(noop_url):
     assert result.error_kinds == {}
     assert 0 < result.p50_ms <= result.p95_ms <= result.p99_ms <= result.max_ms
     assert result.throughput == pytest.approx(50, rel=0.1)
-    assert result.passes()
+    assert result.passes(p99_ms=2000)  # no error, answers measured; the 50 ms target is the benches' to judge
 
 
 def test_poisson_arrivals_send_about_rate_times_duration(noop_url):
@@ -135,7 +135,9 @@ def test_latency_counts_from_the_due_time_not_the_answer_of_the_previous_request
 
 
 def test_max_sustained_rate_steps_up_and_stops_at_the_first_failure(noop_url, failing_url):
-    found = max_sustained_rate(noop_url, PAYLOADS, [40, 20], duration_s=0.5, warmup_s=0.2)
+    # the stepping is under test, not the machine's latency: a p99 bound no busy CI runner misses (a 50 ms one
+    # failed there once on a single slow answer of ~20); the failing app fails by its errors
+    found = max_sustained_rate(noop_url, PAYLOADS, [40, 20], duration_s=0.5, warmup_s=0.2, p99_ms=2000)
     assert found.rate == 40
     assert [result.rate for result in found.results] == [20, 40]
 
