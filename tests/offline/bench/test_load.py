@@ -128,7 +128,7 @@ def test_latency_counts_from_the_due_time_not_the_answer_of_the_previous_request
         result = run_load(url, PAYLOADS, rate=40, duration_s=1.0, warmup_s=0.0, arrivals="uniform", timeout_s=5.0)
     assert result.errors == 0
     assert result.ok == 40
-    assert result.send_lag_p99_ms < 100  # the client sent on time ...
+    assert result.send_lag_p99_ms < 400  # the client sent on time (a closed-loop one would lag ~1 s) ...
     assert result.max_ms > 700  # ... and the last request waited behind ~39 x 50 ms minus its own 975 ms offset
     assert result.p50_ms > 200
     assert result.throughput < 25
