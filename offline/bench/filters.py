@@ -24,12 +24,11 @@ import httpx
 import numpy as np
 
 from offline.bench.load import run_load
-from offline.bench.processes import start_server
+from offline.bench.processes import SERVICE_APP, start_server
 from offline.data.prepared import load_prepared
 from offline.tables import markdown_table
 from service.bundle import Bundle, load_bundle, resolve_bundle
 
-APP = "service.app:create_app"
 HEAD = ["label", "index", "filter", "kept share", "rate r/s", "ok / sent", "p50 ms", "p99 ms", "violations",
         "load avg before/after"]
 
@@ -81,7 +80,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     histories = [catalogue[inputs.row(u)].tolist() for u in range(min(args.users, len(inputs)))]
     env = {"SEQREC_ARTIFACTS": str(Path(args.bundle).resolve()), "SEQREC_THREADS": "1", "SEQREC_REDIS_URL": ""}
     rows = []
-    with start_server(APP, env, ready_timeout_s=120) as url:
+    with start_server(SERVICE_APP, env, ready_timeout_s=120) as url:
         for share in [None, *args.shares]:
             spec, kept = (None, np.ones(bundle.n_items, dtype=bool)) if share is None else filter_for(bundle, share)
             payloads = [{"history": h, "k": args.k, **({"filters": spec} if spec else {})} for h in histories]

@@ -18,14 +18,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from offline.bench.processes import start_server
+from offline.bench.processes import SERVICE_APP, start_server
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.evaluate import two_stage_top
 from ranker.train import ndcg_at
 
 log = logging.getLogger(__name__)
 
-APP = "service.app:create_app"
 TOLERANCE = 0.001  # NDCG points
 
 
@@ -80,7 +79,7 @@ def compare(url: str, bundle: Path, data: PreparedDataset, *, k: int = 10) -> Pa
 def run_parity(args: argparse.Namespace) -> int:
     data = load_prepared(args.data)
     env = {"SEQREC_ARTIFACTS": str(args.artifact.resolve()), "SEQREC_THREADS": "1", "SEQREC_REDIS_URL": ""}
-    with start_server(APP, env, ready_timeout_s=args.ready_timeout) as url:
+    with start_server(SERVICE_APP, env, ready_timeout_s=args.ready_timeout) as url:
         parity = compare(url, args.artifact, data, k=args.k)
     if parity.differ:
         log.info("first users whose lists differ (test-split rows): %s", parity.differ[:20])

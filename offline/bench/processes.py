@@ -136,6 +136,9 @@ class RunningServer:
     log: Path  # stdout + stderr of the process; removed when the server stops
 
 
+SERVICE_APP = "service.app:create_app"  # the service, as every bench and test starts it
+
+
 @contextlib.contextmanager
 def start_server_process(app_spec: str, env: Mapping[str, str] | None = None, port: int | None = None, *,
                          ready_timeout_s: float = 60.0, workers: int = 1,

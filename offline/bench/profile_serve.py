@@ -23,7 +23,7 @@ from pathlib import Path
 
 from offline.bench.load import run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import start_server_process
+from offline.bench.processes import SERVICE_APP, start_server_process
 from offline.tables import markdown_table
 from retriever.errors import SeqrecError
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         env["PYTHONPATH"] = str(code.resolve())
     args.out.mkdir(parents=True, exist_ok=True)
     raw = args.out / f"profile-{args.name}.txt"
-    with start_server_process("service.app:create_app", env, cwd=code) as server:
+    with start_server_process(SERVICE_APP, env, cwd=code) as server:
         run_load(server.url, payloads, args.rate, 3.0, 0.5)  # warm up
         record = [pyspy, "record", "--pid", str(server.pid), "--format", "raw", "--rate", "250", "--subprocesses",
                   "--duration", str(int(args.seconds)), "--output", str(raw), "--nonblocking"]

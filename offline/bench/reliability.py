@@ -21,10 +21,8 @@ import numpy as np
 
 from offline.bench.load import Call, run_load
 from offline.bench.payloads import short_payloads
-from offline.bench.processes import RunningServer, start_server_process
+from offline.bench.processes import SERVICE_APP, RunningServer, start_server_process
 from retriever.errors import SeqrecError
-
-SERVICE_APP = "service.app:create_app"
 
 
 def history_calls(catalogue: Sequence[str], seed: int, keep: bool = False) -> list[Call]:

@@ -35,12 +35,19 @@ from typing import Any
 
 from offline.bench.load import P99_TARGET_MS, LoadResult, run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import DIRECT, ServerError, free_port, is_ready, start_server_process, stop_process
+from offline.bench.processes import (
+    DIRECT,
+    SERVICE_APP,
+    ServerError,
+    free_port,
+    is_ready,
+    start_server_process,
+    stop_process,
+)
 from offline.bench.sweeps import max_sustained_rate, report_table
 from offline.tables import markdown_table
 
 NGINX_CONF = Path(__file__).resolve().parents[2] / "docker" / "nginx.conf"
-APP = "service.app:create_app"
 UPSTREAM_SERVER = re.compile(r"^(?P<indent>[ \t]*)server api:8000(?: resolve)?;[ \t]*$", re.MULTILINE)
 TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 
@@ -139,7 +146,7 @@ def measure(n_replicas: int, payloads: list[dict[str, Any]], env: dict[str, str]
     label = f"{n_replicas} replica{'s' if n_replicas > 1 else ''}"
     options = {"arrivals": args.arrivals, "timeout_s": args.timeout, "label": label}
     with contextlib.ExitStack() as stack:
-        replicas = [stack.enter_context(start_server_process(APP, env)) for _ in range(n_replicas)]
+        replicas = [stack.enter_context(start_server_process(SERVICE_APP, env)) for _ in range(n_replicas)]
         lb = stack.enter_context(start_nginx([r.url.removeprefix("http://") for r in replicas], args.nginx))
         run_load(lb, payloads, min(rates), 2.0, 0.5, args.seed, **options)  # warm every replica up
         before = [recommend_requests(r.url) for r in replicas]

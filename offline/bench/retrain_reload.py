@@ -32,7 +32,7 @@ def main() -> int:
 
     from offline.bench.load import get_json, post_json, run_load
     from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-    from offline.bench.processes import start_server
+    from offline.bench.processes import SERVICE_APP, start_server
 
     seqrec = [sys.executable, "-m", "offline.cli"]
     pipeline = [*seqrec, "pipeline", "--config", str(args.config), "--out", str(args.artifacts),
@@ -42,7 +42,7 @@ def main() -> int:
     item_ids = load_catalogue(args.artifacts / "current")
     payloads = payloads_from_catalogue(item_ids, 300, min_len=5, max_len=min(50, len(item_ids)), seed=0)
     env = {"SEQREC_ARTIFACTS": str(args.artifacts), "SEQREC_THREADS": "1", "SEQREC_LOG_LEVEL": "warning"}
-    with start_server("service.app:create_app", env) as url:
+    with start_server(SERVICE_APP, env) as url:
         before = get_json(url, "/readyz")["model_version"]
         events: dict[str, Any] = {}
         result: dict[str, Any] = {}

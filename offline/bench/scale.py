@@ -38,7 +38,7 @@ import numpy as np
 
 from offline.bench.load import run_load
 from offline.bench.payloads import payloads_from_catalogue
-from offline.bench.processes import rss_bytes, start_server_process
+from offline.bench.processes import SERVICE_APP, rss_bytes, start_server_process
 from offline.bench.scale_report import CURVES, MB, TABLE_COPIES, refresh
 from retriever.errors import SeqrecError
 
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SERVER_APP = "service.app:create_app"
 # what every training process imports (torch._dynamo: the optimiser's, seconds of it), imported once instead
 CHILD_PRELOAD = ["torch", "torch._dynamo", "torch.utils.tensorboard", "retriever.train", "offline.evaluation.evaluate",
                  __name__]
@@ -251,7 +250,7 @@ def serve_point(n_items: int, args: argparse.Namespace, work: Path, config: RunC
     payloads = payloads_from_catalogue(item_ids, args.requests, args.min_len, args.max_len, args.seed, rerank=False)
     env = {"SEQREC_ARTIFACTS": str(work / "bundle"), "SEQREC_THREADS": str(args.threads),
            "SEQREC_LOG_LEVEL": "warning"}
-    with start_server_process(SERVER_APP, env, ready_timeout_s=args.point_timeout) as server:
+    with start_server_process(SERVICE_APP, env, ready_timeout_s=args.point_timeout) as server:
         rss_ready = rss_bytes(server.pid) / MB
         log.info("offering %g r/s for %g s (+ %g s warm-up)", args.rate, args.duration, args.warmup)
         load = run_load(server.url, payloads, args.rate, args.duration, args.warmup, args.seed)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from offline.bench.load import LoadResult, post_json, run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import start_server_process, tree_cpu_seconds, tree_memory_bytes
+from offline.bench.processes import SERVICE_APP, start_server_process, tree_cpu_seconds, tree_memory_bytes
 from offline.bench.serve_check import check_answers
 from offline.bench.sweeps import max_sustained_rate, parse_rates, report_table
 from offline.tables import markdown_table
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 NOOP_APP = "offline.bench.serve:noop_app"
-SERVICE_APP = "service.app:create_app"
 
 
 class NoopRequest(BaseModel):

@@ -24,11 +24,9 @@ import httpx
 
 from offline.bench.load import run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import start_server_process
+from offline.bench.processes import SERVICE_APP, start_server_process
 from offline.bench.sweeps import parse_rates
 from offline.tables import markdown_table
-
-SERVICE_APP = "service.app:create_app"
 
 
 def _shed_total(url: str) -> float:

@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from offline.bench.load import P99_TARGET_MS, LoadRun, Marks, open_loop, run_load, summary
 from offline.bench.payloads import load_catalogue, short_payloads
-from offline.bench.processes import rss_bytes, start_server_process
+from offline.bench.processes import SERVICE_APP, rss_bytes, start_server_process
 from offline.bench.reliability import (
-    SERVICE_APP,
     check_log,
     current_bundle,
     history_calls,
