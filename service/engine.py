@@ -150,15 +150,20 @@ class Engine:
 
 
 def set_threads(threads: int) -> None:
-    """Threads of the calling thread's torch ops and FAISS searches (OpenMP's count is per calling thread), and
-    of numpy's BLAS (process-wide): the ranker's features multiply in numpy, and BLAS's default of one thread
-    per core spun against the event loop and the other workers (py-spy: a 0.15 ms product took ~3 ms)."""
+    """Threads of the calling thread's torch ops and FAISS searches (OpenMP's count is per calling thread); numpy's
+    BLAS (process-wide) always gets one.
+
+    The ranker's features multiply small matrices in numpy, per request. BLAS's default of one thread per core
+    spun against the event loop and the other workers (py-spy: a 0.15 ms product took ~3 ms), and so did any
+    second thread: OpenBLAS's threads busy-wait between calls in a pool of their own, which OMP_WAIT_POLICY
+    does not reach. With ``SEQREC_THREADS=2`` the server spent 71 ms of CPU per request at 10 r/s with BLAS on
+    two threads, 4.5 ms with it on one (docs/results/serve/threads-2-before/ and threads-2/)."""
     import faiss
     from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
-    threadpool_limits(threads, user_api="blas")
+    threadpool_limits(1, user_api="blas")
 
 
 def _load_with_threads(path: Path, threads: int, inference: Inference) -> Bundle:

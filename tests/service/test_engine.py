@@ -61,9 +61,9 @@ async def test_a_request_keeps_the_bundle_it_was_mapped_with(served: Bundle, rel
     assert sorted(sizes) == [1, 1]  # one batch per bundle
 
 
-def test_set_threads_caps_numpy_blas_too() -> None:
-    """The ranker's features multiply in numpy: its BLAS must not keep a thread per core spinning beside the
-    event loop (the engine's inference thread calls set_threads with SEQREC_THREADS)."""
+def test_set_threads_keeps_numpy_blas_on_one_thread() -> None:
+    """The ranker's features multiply in numpy: its BLAS must not keep threads spinning beside the event loop,
+    not even when SEQREC_THREADS gives torch and FAISS two (the engine's inference thread calls set_threads)."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
     from service.engine import set_threads
@@ -77,8 +77,10 @@ def test_set_threads_caps_numpy_blas_too() -> None:
     torch_threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
     try:
         with threadpool_limits(None):  # restores the BLAS pools' counts on exit
-            set_threads(1)
-            assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
+            for threads in (2, 1):
+                set_threads(threads)
+                assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
+                assert (torch.get_num_threads(), faiss.omp_get_max_threads()) == (threads, threads)
     finally:
         torch.set_num_threads(torch_threads)
         faiss.omp_set_num_threads(faiss_threads)
