@@ -74,9 +74,11 @@ class TrainConfig(BaseModel):
     budget_minutes: float | None = Field(
         None, gt=0, description="wall-clock cap: stop after the epoch that crosses it, keep the best epoch"
     )
-    windows: Literal["all", "last"] = Field(
-        "all", description="all: cut long sequences into max_len windows; last: only the most recent one"
-    )
+    windows: Literal["all", "last", "prefixes"] = Field(
+        "all", description="all: cut long sequences into max_len windows; last: only the most recent one; "
+        "prefixes: one window ending at every training target, trained at its last position only (the default "
+        "and only choice for encoders whose states are not causal, e.g. BSARec; costs about the mean sequence "
+        "length times more)")
     seed: int = 42
     repeats: Literal["auto", "exclude", "allow"] = Field(
         "auto", description="may history items be recommended: exclude, allow, or auto (from the data's "
@@ -149,6 +151,11 @@ def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfi
         raise ConfigError(f"{source}: unknown backbone {config.model.backbone!r}; "
                           f"choose one of {', '.join(sorted(BACKBONES))}")
     config.backbone(n_items=1)  # backbone-specific keys are checked now, not after loading data
+    if BACKBONES[config.model.backbone][1].trains_on_prefixes and config.train.windows != "prefixes":
+        if "windows" in config.train.model_fields_set:
+            raise ConfigError(f"{source}: backbone {config.model.backbone!r} mixes every position of a window, so "
+                              "it trains one target per window: set train.windows: prefixes (its default)")
+        config = config.model_copy(update={"train": config.train.model_copy(update={"windows": "prefixes"})})
     return config
 
 

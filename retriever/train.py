@@ -2,9 +2,10 @@
 
 Data arrives as CSR arrays of training positions only (no validation or test item), cut into
 windows by retriever/windows.py, and validation is a callback, so this module knows nothing
-about files or splits. Every position of every window is trained at once (causal), never one
-prefix per sample. What ``--resume`` needs lives in the run folder (retriever/checkpoint.py);
-TensorBoard event files go under ``run_dir/tb/``.
+about files or splits. Every position of every window is trained at once (causal), not one
+prefix per sample, unless the encoder's states are not causal (``train.windows: prefixes``).
+What ``--resume`` needs lives in the run folder (retriever/checkpoint.py); TensorBoard event
+files go under ``run_dir/tb/``.
 
 Under torchrun (``dist`` given) every process trains its own shard of each epoch's windows
 with ``batch_size / world_size`` windows per step, so the global batch and the steps per
@@ -136,6 +137,8 @@ class BatchLoss(nn.Module):
     def forward(self, batch: Tensor) -> Tensor:
         model, loss_config = self.model, self.config.loss
         inputs, targets, trained = model.encoder.training_inputs(batch, self.ctx.generator)
+        if self.config.train.windows == "prefixes":  # one target per window: its last position
+            trained = trained & (torch.arange(trained.shape[1], device=trained.device) == trained.shape[1] - 1)
         with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
             hidden = model.hidden(inputs)  # (B, T, D)
         loss = compute_loss(

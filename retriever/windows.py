@@ -35,8 +35,12 @@ def make_windows(offsets: np.ndarray, items: np.ndarray, max_len: int, mode: str
 
     A window of w items trains w - 1 next-item targets. "all" cuts sequences longer than
     max_len + 1 from the end into windows that overlap by one item, so every training
-    target is predicted exactly once; "last" keeps only each user's most recent window.
+    target is predicted exactly once; "last" keeps only each user's most recent window;
+    "prefixes" ends one window at every training target (its last item, with up to max_len
+    items before it), for encoders trained at the last position only (see ``prefix_windows``).
     """
+    if mode == "prefixes":
+        return prefix_windows(offsets, items, max_len)
     lengths = np.diff(offsets)
     keep = lengths >= 2
     ends, lengths = offsets[1:][keep], lengths[keep]
@@ -56,13 +60,29 @@ def make_windows(offsets: np.ndarray, items: np.ndarray, max_len: int, mode: str
     return out
 
 
+def prefix_windows(offsets: np.ndarray, items: np.ndarray, max_len: int) -> np.ndarray:
+    """(n_targets, max_len + 1) left-padded windows, one per training target: items[max(start, t - max_len) : t + 1]
+    for every position t after a sequence's first. Each target is trained once, at the window's last position,
+    with its full history: what encoders whose states are not causal (BSARec) need, at about the mean
+    sequence length times the cost of "all"."""
+    starts, ends = offsets[:-1], offsets[1:]
+    lengths = ends - starts
+    n_targets = np.maximum(lengths - 1, 0)
+    user = np.repeat(np.arange(len(lengths)), n_targets)
+    rank = np.arange(n_targets.sum()) - np.repeat(np.cumsum(n_targets) - n_targets, n_targets)
+    target = starts[user] + 1 + rank  # absolute index of each window's last item
+    windows = padded_slices(items, np.maximum(starts[user], target - max_len), target + 1)
+    return np.pad(windows, ((0, 0), (max_len + 1 - windows.shape[1], 0)))
+
+
 def batches(windows: Tensor, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
     """Shuffled batches, each trimmed to its longest window.
 
     Windows are sorted by length inside random chunks of 50 batches, so a batch holds
     similar lengths (far less padding on short-sequence data) and stays random across epochs.
     """
-    order = torch.randperm(len(windows), generator=generator)
+    device = generator.device  # the windows' device: a CUDA generator draws CUDA permutations
+    order = torch.randperm(len(windows), generator=generator, device=device)
     lengths = (windows[order] != 0).sum(1)
     chunk = batch_size * 50
     parts = []
@@ -70,8 +90,8 @@ def batches(windows: Tensor, batch_size: int, generator: torch.Generator) -> Ite
         part = order[start : start + chunk]
         parts.append(part[torch.argsort(lengths[start : start + chunk], descending=True, stable=True)])
     sorted_order = torch.cat(parts)
-    starts = torch.arange(0, len(sorted_order), batch_size)
-    for start in starts[torch.randperm(len(starts), generator=generator)].tolist():
+    starts = torch.arange(0, len(sorted_order), batch_size, device=device)
+    for start in starts[torch.randperm(len(starts), generator=generator, device=device)].tolist():
         rows = windows[sorted_order[start : start + batch_size]]
         width = int((rows != 0).sum(1).max())
         yield rows[:, -width:]

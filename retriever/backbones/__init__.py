@@ -13,6 +13,7 @@ from typing import Any
 
 from retriever.backbones.base import SequenceEncoder
 from retriever.backbones.bert4rec import BERT4Rec, BERT4RecConfig
+from retriever.backbones.bsarec import BSARec, BSARecConfig
 from retriever.backbones.hstu import HSTU, HSTUConfig
 from retriever.backbones.lightsans import LightSANs, LightSANsConfig
 from retriever.backbones.pcrec import PCRec, PCRecConfig
@@ -35,6 +36,7 @@ BACKBONES: dict[str, tuple[type, type[SequenceEncoder]]] = {
     "hstu": (HSTUConfig, HSTU),
     "xlstm": (XLSTMConfig, XLSTM),
     "pcrec": (PCRecConfig, PCRec),
+    "bsarec": (BSARecConfig, BSARec),
 }
 
 

@@ -24,6 +24,11 @@ class SequenceEncoder(nn.Module):
     """Whether position t sees positions <= t only. Bidirectional encoders (BERT4Rec) set False:
     the contract's causality test and PCRec-simple personalisation do not apply to them."""
 
+    trains_on_prefixes: bool = False
+    """Whether every state depends on the whole window (BSARec's frequency filter), so training must end
+    one window at each target and train its last position only (``train.windows: prefixes``); the
+    config refuses other window modes for such an encoder."""
+
     last_average_steps: float | None = None
     """Mean recurrence steps per position of the latest forward, for encoders that halt
     adaptively (TRM4Rec); None for encoders with a fixed depth."""
