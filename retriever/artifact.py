@@ -77,10 +77,12 @@ class RetrieverArtifact:
 
 
 def item_matrix(model: Retriever) -> np.ndarray:
-    """(n_items, D) float32 unit vectors of internal items 1..n_items, as the index holds them."""
+    """(n_items, D) float32 vectors of internal items 1..n_items, as the index holds them: the model's scoring
+    vectors, unit for cosine and raw for dot (an index of unit vectors would rank a dot-product model by
+    cosine, which is not what it was trained and evaluated on)."""
     with torch.inference_mode():
         vectors = model.item_vectors()[1:].detach().float().cpu().numpy()
-    return normalize(vectors)
+    return normalize(vectors) if model.similarity == "cosine" else np.ascontiguousarray(vectors)
 
 
 def write_artifact(

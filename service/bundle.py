@@ -25,7 +25,7 @@ from ranker.compiled import load_lgbm, load_mlp
 from ranker.features import TorchTables
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
-from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, load_artifact
+from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, item_matrix, load_artifact
 from retriever.compiled import ExportRefused, load_encoder
 from retriever.errors import SeqrecError
 from service.cache import UserVectors
@@ -68,6 +68,9 @@ class Bundle:
     _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
     popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular
     filters: CatalogueFilters = field(init=False, repr=False, compare=False)  # per-column lookups of the catalogue
+    # (n_items, D) the rows the FAISS index holds (its exact fallback scores them): ``vectors[1:]`` for a cosine
+    # model, the raw scoring vectors for a dot-product one.
+    index_vectors: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         order = self.popular.tolist()
@@ -77,6 +80,9 @@ class Bundle:
         object.__setattr__(self, "_by_popularity", rows)
         object.__setattr__(self, "popularity_rank", rank)
         object.__setattr__(self, "filters", CatalogueFilters.from_metadata(self.metadata))
+        model = self.artifact.model
+        indexed = self.vectors[1:].numpy() if model.similarity == "cosine" else item_matrix(model)
+        object.__setattr__(self, "index_vectors", indexed)
 
     def encode(self, history: torch.Tensor) -> torch.Tensor:
         """(B, T) left-padded internal ids -> (B, D) float32 user vectors (not normalised): the one place the
@@ -191,12 +197,28 @@ def load_bundle(path: Path, *, inference: Inference = "auto", threads: int = 1) 
             ranker.depth  # noqa: B018  the default request's depth: a ranker that records none is refused here
         except ArtifactError as err:
             raise BundleError(str(err)) from None
+    _warn_if_cosine_index(path, artifact)
     encoder, ranker, record = _compile(path, artifact, ranker, inference, threads)
     bundle = Bundle(path, artifact, ranker, None if ranker is None else ranker.tables.torch(), vectors, index_of,
                     _metadata(path, ids), *_popular(path, artifact, ranker), compiled_encoder=encoder,
                     inference=record)
     _smoke(bundle)
     return bundle
+
+
+def _warn_if_cosine_index(path: Path, artifact: RetrieverArtifact) -> None:
+    """A dot-product model whose index holds unit vectors (written before the index held its scoring vectors)
+    is served by cosine, not by what it was evaluated on: say so, and how to rebuild the index."""
+    if artifact.model.similarity != "dot" or artifact.index is None or artifact.index.ntotal == 0:
+        return
+    try:
+        stored = np.asarray(artifact.index.reconstruct(0))
+    except RuntimeError:  # an index that keeps no reconstructable rows (IVF without a direct map)
+        return
+    expected = item_matrix(artifact.model)[0]
+    if not np.allclose(stored, expected, atol=1e-4) and abs(float(np.linalg.norm(stored)) - 1.0) < 1e-4:
+        log.warning("%s: the model scores by dot product but its FAISS index holds unit vectors, so it serves by "
+                    "cosine; rebuild the index: seqrec export --artifact %s", path, path)
 
 
 def _compile(path: Path, artifact: RetrieverArtifact, ranker: RankerArtifact | None, inference: Inference,

@@ -35,10 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ranker.artifact import unit_item_vectors
 from ranker.features import TorchTables
-from retriever.artifact import CATALOGUE
+from retriever.artifact import CATALOGUE, item_matrix
 from retriever.atomic import atomic_write
 from retriever.features import feature_rows, feature_vocabulary
-from retriever.index import normalize
 from service.bundle import Bundle, BundleError, Inference, load_bundle
 
 JOURNAL = "catalogue_changes.json"
@@ -96,7 +95,7 @@ def apply_changes(base: Bundle, changes: CatalogChanges) -> Bundle:
             vectors = unit_item_vectors(model.item_vectors().detach())
         assert artifact.index is not None  # load_bundle always loads it
         index = faiss.clone_index(artifact.index)
-        index.add(normalize(vectors[n_old + 1 :].numpy()))
+        index.add(item_matrix(model)[n_old:])  # the model's scoring vectors, as the index was built
         artifact = dataclasses.replace(artifact, model=model, index=index,
                                        item_ids=np.concatenate([artifact.item_ids, np.asarray(new_ids, dtype=str)]))
         tables = None if tables is None else extend_tables(tables, n_new)

@@ -41,6 +41,8 @@ class Servable(Protocol):
     @property
     def vectors(self) -> torch.Tensor: ...  # (n_items + 1, D) unit item vectors, row 0 = 0
     @property
+    def index_vectors(self) -> np.ndarray: ...  # (n_items, D) the rows the FAISS index holds
+    @property
     def user_cache(self) -> UserVectors: ...
     @property
     def max_len(self) -> int: ...
@@ -172,7 +174,7 @@ def _search(bundle: Servable, user: np.ndarray, depth: int, exclude: list[np.nda
         if allowed is None:
             got = search(index, user[members], depth, exclude=wanted)
         else:
-            got = search_allowed(index, bundle.vectors[1:].numpy(), user[members], depth, allowed, exclude=wanted)
+            got = search_allowed(index, bundle.index_vectors, user[members], depth, allowed, exclude=wanted)
         scores[members, : got[0].shape[1]], rows[members, : got[1].shape[1]] = got
     return scores, rows
 

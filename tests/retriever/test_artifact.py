@@ -15,8 +15,12 @@ N_ITEMS = 25
 
 @pytest.fixture
 def bundle(tmp_path: Path) -> Path:
+    return _write(tmp_path, CONFIG)
+
+
+def _write(tmp_path: Path, raw: dict) -> Path:
     torch.manual_seed(0)
-    config = config_from_dict(CONFIG)
+    config = config_from_dict(raw)
     model = config.build(N_ITEMS).eval()
     item_ids = np.array([f"item-{i}" for i in range(1, N_ITEMS + 1)])
     write_artifact(tmp_path / "a", model, config, item_ids, metrics={"valid": {"NDCG@10": 0.5}})
@@ -35,8 +39,12 @@ def test_save_load_gives_identical_scores(bundle: Path) -> None:
     assert not list(bundle.glob(".*tmp"))
 
 
-def test_index_top_k_matches_model_scores(bundle: Path) -> None:
-    artifact = load_artifact(bundle)
+@pytest.mark.parametrize("similarity", ["cosine", "dot"])
+def test_index_top_k_matches_model_scores(similarity: str, tmp_path: Path) -> None:
+    """The index ranks as the model scores: cosine models by cosine, dot-product models by the raw dot
+    product (an index of unit vectors ranked a dot model by cosine)."""
+    raw = {"model": {**CONFIG["model"], "similarity": similarity, "temperature": 1.0 if similarity == "dot" else 0.05}}
+    artifact = load_artifact(_write(tmp_path, raw))
     histories = torch.randint(1, N_ITEMS + 1, (5, 6))
     with torch.inference_mode():
         dense = artifact.model.score(histories)[:, 1:]
