@@ -86,11 +86,11 @@ def write_mlp(folder: Path, mlp: MLPRanker) -> str | None:
     return None
 
 
-def load_mlp(folder: Path, mlp: MLPRanker, *, threads: int = 1) -> CompiledMLP:
-    """FOLDER/mlp.onnx (exported here for a ranker written before it), checked against eager;
-    raises ExportRefused with the reason when it cannot serve."""
-    file = folder / MLP_FILE
-    source: bytes | Path = file if file.is_file() else export_mlp(mlp)
+def load_mlp(folder: Path | None, mlp: MLPRanker, *, threads: int = 1) -> CompiledMLP:
+    """FOLDER/mlp.onnx (exported here for a ranker written before it, or not written yet: folder None),
+    checked against eager; raises ExportRefused with the reason when it cannot serve."""
+    file = None if folder is None else folder / MLP_FILE
+    source: bytes | Path = file if file is not None and file.is_file() else export_mlp(mlp)
     try:
         compiled = CompiledMLP(mlp, session(source, threads))
     except Exception as err:  # onnxruntime's own exception types; a file it cannot load stays eager

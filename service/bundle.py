@@ -198,7 +198,7 @@ def load_bundle(path: Path, *, inference: Inference = "auto", threads: int = 1) 
         except ArtifactError as err:
             raise BundleError(str(err)) from None
     _warn_if_cosine_index(path, artifact)
-    encoder, ranker, record = _compile(path, artifact, ranker, inference, threads)
+    encoder, ranker, record = compile_stages(path, artifact, ranker, inference, threads)
     bundle = Bundle(path, artifact, ranker, None if ranker is None else ranker.tables.torch(), vectors, index_of,
                     _metadata(path, ids), *_popular(path, artifact, ranker), compiled_encoder=encoder,
                     inference=record)
@@ -221,10 +221,14 @@ def _warn_if_cosine_index(path: Path, artifact: RetrieverArtifact) -> None:
                     "cosine; rebuild the index: seqrec export --artifact %s", path, path)
 
 
-def _compile(path: Path, artifact: RetrieverArtifact, ranker: RankerArtifact | None, inference: Inference,
-             threads: int) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, RankerArtifact | None,
-                                    dict[str, str]]:
-    """The compiled encoder (or None), the ranker with its MLP compiled where it can be, and what runs where."""
+def compile_stages(path: Path, artifact: RetrieverArtifact, ranker: RankerArtifact | None, inference: Inference,
+                   threads: int = 1) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, RankerArtifact | None,
+                                              dict[str, str]]:
+    """The compiled encoder (or None), the ranker with its MLP compiled where it can be, and what runs where.
+
+    The offline evaluation, mining and the parity bench call this too (`offline.jobs.rank.user_encoder`): the
+    compiled and the eager arithmetic agree to about 1e-6, enough to flip an exact near-tie, so the offline
+    figures read the very numbers the service computes."""
     if inference not in ("auto", "onnx", "eager"):
         raise BundleError(f"inference must be auto, onnx or eager, got {inference!r}")
     record = {"encoder": "eager"}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from offline.data.prepared import PreparedDataset
 from offline.evaluation.evaluate import EVAL_KS, summarize
@@ -17,7 +18,7 @@ from offline.jobs.rank import bundle_source, split_sources, user_encoder
 from offline.jobs.train import repeat_record
 from ranker.artifact import RankerArtifact, load_ranker
 from ranker.config import MIN_DEPTH, ranker_default
-from ranker.mining import mine
+from ranker.mining import Encoder, mine
 from ranker.train import (
     FeatureSource,
     Groups,
@@ -27,6 +28,7 @@ from ranker.train import (
 )
 from retriever.artifact import RetrieverArtifact
 from retriever.errors import SeqrecError
+from service.bundle import compile_stages
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class _System:
     source: FeatureSource
     stage: str
     depth: int
+    encode: Encoder  # the served user encoder (compiled where the service compiles it)
 
 
 def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) -> _System:
@@ -86,11 +89,16 @@ def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) 
     depth = depth or (ranker_artifact.depth if ranker_artifact else ranker_default("depth"))
     if depth < MIN_DEPTH:
         raise SeqrecError(f"--candidates must be at least {MIN_DEPTH} (the metrics' cut-off), got {depth}")
+    # What the service computes with its default SEQREC_INFERENCE=auto: the compiled encoder, the MLP ranker
+    # through ONNX Runtime and LightGBM's trees through lleaves, wherever the service would use them.
+    served = ranker_artifact if stage == "two-stage" else None
+    encoder, served, _ = compile_stages(bundle, artifact, served, "auto", threads=torch.get_num_threads())
+    encode = user_encoder(artifact, encoder)
     if stage == "two-stage":
-        assert ranker_artifact is not None
-        source = FeatureSource(ranker_artifact.tables.torch(), source.item_vectors, ranker_artifact.extras)
-        return _System(artifact, ranker_artifact, source, stage, depth)
-    return _System(artifact, None, source, stage, depth)
+        assert served is not None
+        source = FeatureSource(served.tables.torch(), source.item_vectors, served.extras)
+        return _System(artifact, served, source, stage, depth, encode)
+    return _System(artifact, None, source, stage, depth, encode)
 
 
 def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) -> dict[str, Groups]:
@@ -98,7 +106,7 @@ def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) 
     retriever's top ``depth``, merged with the co-occurrence source's list when the ranker was trained so."""
     split = data.split()
     artifact = system.artifact
-    encode, sources = user_encoder(artifact), split_sources(split)
+    encode, sources = system.encode, split_sources(split)
     plans = {"valid": (split.train, split.valid_targets), "test": (split.inputs("test"), split.test_targets)}
     groups = {}
     for name in splits:

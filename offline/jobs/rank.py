@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,24 @@ def _training_positions(split: LeaveOneOut, drop_last: int) -> Any:
     return train
 
 
-def user_encoder(artifact: RetrieverArtifact) -> Encoder:
-    model = artifact.model
+RawEncoder = Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, D) float32, not normalised
+
+
+def user_encoder(artifact: RetrieverArtifact, compiled: RawEncoder | bool | None = True) -> Encoder:
+    """(B, T) histories -> (B, D) unit user vectors, as the service computes them with its default
+    ``SEQREC_INFERENCE=auto``: through the artifact's compiled encoder when it compiles and matches eager,
+    else eagerly. ``compiled``: True = load it here, or the one the caller already has (None: eager)."""
+    if compiled is True:
+        from service.bundle import compile_stages  # the service's own choice, not a copy of it
+
+        compiled = compile_stages(artifact.path, artifact, None, "auto", threads=torch.get_num_threads())[0]
+    model, served = artifact.model, compiled or None
 
     def encode(history: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.normalize(model.user_vectors(history).float(), dim=-1)
+        if served is not None:
+            return torch.nn.functional.normalize(served(history).float(), dim=-1)
+        with torch.no_grad():
+            return torch.nn.functional.normalize(model.user_vectors(history).float(), dim=-1)
 
     return encode
 
@@ -217,13 +231,14 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
         fit_start = time.perf_counter()
         ranker, history = _fit(name, artifact, data, source, train_source, groups, mlp, lgbm)
         fitted[name] = (ranker, history, time.perf_counter() - fit_start)
-    selection = {name: ndcg_at(group_ranks(r.score, source, groups["valid"], data.n_items, desc=f"select {name}"))
-                 for name, (r, _, _) in fitted.items()}
+    served = {name: served_scorer(r) for name, (r, _, _) in fitted.items()}
+    selection = {name: ndcg_at(group_ranks(served[name], source, groups["valid"], data.n_items,
+                                           desc=f"select {name}")) for name in fitted}
     chosen = max(selection, key=lambda name: selection[name])
     ranker, history, fit_seconds = fitted[chosen]
-    metrics = _two_stage_metrics(ranker.score, source, groups, data.n_items)
+    metrics = _two_stage_metrics(served[chosen], source, groups, data.n_items)
     if chosen == "mlp":
-        masked = _two_stage_metrics(ranker.score, source, groups, data.n_items, mask_ids=True)
+        masked = _two_stage_metrics(served[chosen], source, groups, data.n_items, mask_ids=True)
         metrics["ids_masked"] = {s: masked[s] for s in ("valid", "test")}
     extra = {
         "mining": mining_record(mined, config, miner, artifact.manifest.repeats),
@@ -236,6 +251,26 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     }
     return write_ranker(bundle, ranker, item_tables(data, data.split()), retriever_manifest=artifact.manifest,
                         metrics=metrics, extra=extra, cooc=cooc, extra_features=config.features)
+
+
+def served_scorer(ranker: Ranker) -> Any:
+    """``ranker.score`` as the service computes it by default (``SEQREC_INFERENCE=auto``, as
+    `service.bundle.compile_stages` loads a ranker): the MLP through ONNX Runtime and LightGBM's trees through
+    lleaves, each where it compiles and matches, else eagerly; so the figures written with the ranker are the
+    served ones, not ones a near-tie away from them."""
+    from ranker.compiled import load_lgbm, load_mlp
+    from ranker.lgbm import LGBMRanker
+    from ranker.mlp import MLPRanker
+    from retriever.compiled import ExportRefused
+
+    try:
+        if isinstance(ranker, MLPRanker):
+            return load_mlp(None, ranker, threads=torch.get_num_threads()).score
+        if isinstance(ranker, LGBMRanker):
+            return load_lgbm(ranker).score
+    except ExportRefused as err:
+        log.info("the ranker is scored eagerly, as the service would: %s", err)
+    return ranker.score
 
 
 def checked_config(config: RankerConfig) -> RankerConfig:
