@@ -141,6 +141,10 @@ def _one_step(rank: int, port: int, out: Path) -> None:
         objective = data_parallel(BatchLoss(model, config, ctx), device, half)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         loss, grad_norm = train_step(model, half, optimizer, config, ctx, objective=objective)
+        # Free DDP's reducer, which holds the gloo group, while the group exists (fit's own objective goes with
+        # fit's frame, inside the group). One run failed at exit with "terminate called without an active
+        # exception" (-6) when it was freed after destroy_process_group; a likely cause, not reproduced since.
+        del objective
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).numpy()
     np.save(out / f"grads{rank}.npy", grads, allow_pickle=False)
     (out / f"rank{rank}.json").write_text(json.dumps({"loss": loss, "grad_norm": grad_norm}))
