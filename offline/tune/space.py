@@ -1,11 +1,12 @@
 """The declared search space of `seqrec tune`, per backbone family, in one place.
 
 Every trial starts from the base config (the user's YAML with its overrides) and replaces the keys
-below. A key is searched only where the backbone has it: the attention family (any backbone
-with ``n_heads``: transformer, sasrec, hstu, lightsans, bert4rec, trm4rec, pcrec) adds the head
-count; the recurrent family (gru4rec, lstm, xlstm) has none. The choices of ``max_len`` follow
-the data (no window much longer than the 99th-percentile training sequence), and item features
-are searched on/off only when the base config names a feature column.
+below. A key is searched only where the backbone has it: the attention family (any backbone with
+``n_heads``: transformer, sasrec, hstu, lightsans, bert4rec, trm4rec, pcrec, bsarec) adds the head
+count; the recurrent family (gru4rec, lstm, xlstm) has none. BSARec adds its filter's weight against
+attention (``alpha``) and its low-frequency cut (``c``); its attention dropout follows ``dropout``.
+The choices of ``max_len`` follow the data (no window much longer than the 99th-percentile training
+sequence), and item features are searched on/off only when the base config names a feature column.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ LOSSES: dict[str, dict[str, Any]] = {
 LR_RANGE = (3e-4, 3e-3)
 DROPOUT_RANGE = (0.1, 0.6)
 NO_FEATURES = "none"
+ALPHA_RANGE = (0.1, 0.9)
+CUTS = (1, 3, 5, 7, 9)
 PARAMS = ("d_model", "n_layers", "n_heads", "dropout", "max_len", "item_features", "loss", "lr", "batch_size",
-          "schedule")  # every name `suggest` draws (what --fix may pin)
+          "schedule", "alpha", "c")  # every name `suggest` draws (what --fix may pin)
 
 
 class Trial(Protocol):
@@ -82,8 +85,13 @@ def suggest(trial: Trial, base: dict[str, Any], shape: DataShape) -> dict[str, A
     if "n_heads" in keys:
         model["n_heads"] = trial.suggest_categorical("n_heads", HEADS)
     model["dropout"] = trial.suggest_float("dropout", *DROPOUT_RANGE)
-    if "emb_dropout" in keys:
-        model["emb_dropout"] = model["dropout"]
+    for tied in ("emb_dropout", "attn_dropout"):
+        if tied in keys:
+            model[tied] = model["dropout"]
+    if "alpha" in keys:
+        model["alpha"] = trial.suggest_float("alpha", *ALPHA_RANGE)
+    if "c" in keys:
+        model["c"] = trial.suggest_categorical("c", CUTS)
     if "max_len" in keys:
         model["max_len"] = trial.suggest_categorical("max_len", shape.max_lens)
     if model.get("item_features"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,8 +14,9 @@ import yaml
 from offline.cli import main
 from offline.data.split import LeaveOneOut
 from offline.tune.section import REPORT_FILES, keep_report
-from offline.tune.space import SCHEDULES
+from offline.tune.space import ALPHA_RANGE, CUTS, SCHEDULES, DataShape, suggest
 from offline.tune.study import Search
+from retriever.config import config_from_dict
 from tests.tiny import prepare_tiny
 
 # Small choices of the searched sizes (the space's own values) keep each trial to a second or two.
@@ -163,3 +165,28 @@ def test_a_trial_at_the_wall_clock_deadline_completes_with_its_best_epoch(tmp_pa
     # 400 epochs of the tiny model take seconds even on an idle machine, so this cannot pass by speed alone
     assert int(row["epochs"]) < 400
     assert "budget_minutes" not in yaml.safe_load((out / "best.yaml").read_text())["train"]
+
+
+class _First:
+    """A trial that takes the first choice and the low end of every range."""
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return choices[0]
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        return low
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float:
+        return low
+
+
+def test_bsarec_searches_its_filter_and_every_drawn_config_is_valid() -> None:
+    shape = DataShape(max_lens=(20, 50))
+    raw = suggest(_First(), {"model": {"backbone": "bsarec"}}, shape)
+    assert raw["model"]["alpha"] == ALPHA_RANGE[0]
+    assert raw["model"]["c"] == CUTS[0]
+    assert raw["model"]["attn_dropout"] == raw["model"]["dropout"]
+    assert config_from_dict(raw).train.windows == "prefixes"
+    plain = suggest(_First(), {"model": {"backbone": "transformer"}}, shape)
+    assert "alpha" not in plain["model"]
+    assert "c" not in plain["model"]
