@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from ranker.artifact import RankerArtifact, load_ranker, unit_item_vectors
+from ranker.artifact import Ranker, RankerArtifact, load_ranker, unit_item_vectors
 from ranker.compiled import load_lgbm, load_mlp
 from ranker.features import TorchTables
 from ranker.lgbm import LGBMRanker
@@ -197,28 +197,28 @@ def load_bundle(path: Path, *, inference: Inference = "auto", threads: int = 1) 
             ranker.depth  # noqa: B018  the default request's depth: a ranker that records none is refused here
         except ArtifactError as err:
             raise BundleError(str(err)) from None
-    _warn_if_cosine_index(path, artifact)
     encoder, ranker, record = compile_stages(path, artifact, ranker, inference, threads)
     bundle = Bundle(path, artifact, ranker, None if ranker is None else ranker.tables.torch(), vectors, index_of,
                     _metadata(path, ids), *_popular(path, artifact, ranker), compiled_encoder=encoder,
                     inference=record)
+    _warn_if_cosine_index(bundle)
     _smoke(bundle)
     return bundle
 
 
-def _warn_if_cosine_index(path: Path, artifact: RetrieverArtifact) -> None:
+def _warn_if_cosine_index(bundle: Bundle) -> None:
     """A dot-product model whose index holds unit vectors (written before the index held its scoring vectors)
     is served by cosine, not by what it was evaluated on: say so, and how to rebuild the index."""
-    if artifact.model.similarity != "dot" or artifact.index is None or artifact.index.ntotal == 0:
+    index = bundle.artifact.index
+    if bundle.artifact.model.similarity != "dot" or index is None or index.ntotal == 0:
         return
     try:
-        stored = np.asarray(artifact.index.reconstruct(0))
+        stored = np.asarray(index.reconstruct(0))
     except RuntimeError:  # an index that keeps no reconstructable rows (IVF without a direct map)
         return
-    expected = item_matrix(artifact.model)[0]
-    if not np.allclose(stored, expected, atol=1e-4) and abs(float(np.linalg.norm(stored)) - 1.0) < 1e-4:
+    if not np.allclose(stored, bundle.index_vectors[0], atol=1e-4) and abs(float(np.linalg.norm(stored)) - 1) < 1e-4:
         log.warning("%s: the model scores by dot product but its FAISS index holds unit vectors, so it serves by "
-                    "cosine; rebuild the index: seqrec export --artifact %s", path, path)
+                    "cosine; rebuild the index: seqrec export --artifact %s", bundle.path, bundle.path)
 
 
 def compile_stages(path: Path, artifact: RetrieverArtifact, ranker: RankerArtifact | None, inference: Inference,
@@ -226,7 +226,8 @@ def compile_stages(path: Path, artifact: RetrieverArtifact, ranker: RankerArtifa
                                               dict[str, str]]:
     """The compiled encoder (or None), the ranker with its MLP compiled where it can be, and what runs where.
 
-    The offline evaluation, mining and the parity bench call this too (`offline.jobs.rank.user_encoder`): the
+    The offline evaluation, mining and the parity bench call this too (`offline.jobs.rank.user_encoder`,
+    `offline.jobs.rank.served_scorer`): the
     compiled and the eager arithmetic agree to about 1e-6, enough to flip an exact near-tie, so the offline
     figures read the very numbers the service computes."""
     if inference not in ("auto", "onnx", "eager"):
@@ -245,19 +246,27 @@ def compile_stages(path: Path, artifact: RetrieverArtifact, ranker: RankerArtifa
         record["encoder"] = "onnx"
     except ExportRefused as err:
         _refused(path, "encoder", err, inference)
-    if ranker is not None and isinstance(ranker.ranker, MLPRanker):
+    if ranker is not None:
         try:
-            ranker = replace(ranker, ranker=load_mlp(ranker.path, ranker.ranker, threads=threads))
-            record["ranker"] = "onnx"
+            compiled, how = compile_ranker(ranker.ranker, ranker.path, threads)
+            ranker, record["ranker"] = replace(ranker, ranker=compiled), how
         except ExportRefused as err:
-            _refused(path, "MLP ranker", err, inference)
-    elif ranker is not None and isinstance(ranker.ranker, LGBMRanker):
-        try:  # never refused, not even under `onnx`: LightGBM's own predictor is native code too, only slower
-            ranker = replace(ranker, ranker=load_lgbm(ranker.ranker))
-            record["ranker"] = "lleaves"
-        except ExportRefused as err:
-            log.info("%s: LightGBM predicts for the ranker (not compiled): %s", path, err)
+            if isinstance(ranker.ranker, MLPRanker):
+                _refused(path, "MLP ranker", err, inference)
+            else:  # never refused, not even under `onnx`: LightGBM's own predictor is native code too, only slower
+                log.info("%s: LightGBM predicts for the ranker (not compiled): %s", path, err)
     return encoder, ranker, record
+
+
+def compile_ranker(ranker: Ranker, folder: Path | None, threads: int = 1) -> tuple[Ranker, str]:
+    """The ranker as the service runs it when it compiles, and how: the MLP through ONNX Runtime (FOLDER's
+    mlp.onnx, or exported now: folder None) "onnx", LightGBM's trees through lleaves "lleaves"; raises
+    ExportRefused with the reason otherwise (each compiled form is checked against eager first)."""
+    if isinstance(ranker, MLPRanker):
+        return load_mlp(folder, ranker, threads=threads), "onnx"
+    if isinstance(ranker, LGBMRanker):
+        return load_lgbm(ranker), "lleaves"
+    raise ExportRefused(f"no compiled form for a {type(ranker).__name__}")
 
 
 def _refused(path: Path, what: str, err: ExportRefused, inference: Inference) -> None:

@@ -14,7 +14,7 @@ import torch
 from offline.data.prepared import PreparedDataset
 from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.evaluation.two_stage import Reranked, rerank_groups
-from offline.jobs.rank import bundle_source, split_sources, user_encoder
+from offline.jobs.rank import bundle_source, split_sources, unit_user_vectors
 from offline.jobs.train import repeat_record
 from ranker.artifact import RankerArtifact, load_ranker
 from ranker.config import MIN_DEPTH, ranker_default
@@ -93,7 +93,7 @@ def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) 
     # through ONNX Runtime and LightGBM's trees through lleaves, wherever the service would use them.
     served = ranker_artifact if stage == "two-stage" else None
     encoder, served, _ = compile_stages(bundle, artifact, served, "auto", threads=torch.get_num_threads())
-    encode = user_encoder(artifact, encoder)
+    encode = unit_user_vectors(artifact, encoder)
     if stage == "two-stage":
         assert served is not None
         source = FeatureSource(served.tables.torch(), source.item_vectors, served.extras)

@@ -84,15 +84,19 @@ def _training_positions(split: LeaveOneOut, drop_last: int) -> Any:
 RawEncoder = Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, D) float32, not normalised
 
 
-def user_encoder(artifact: RetrieverArtifact, compiled: RawEncoder | bool | None = True) -> Encoder:
+def user_encoder(artifact: RetrieverArtifact) -> Encoder:
     """(B, T) histories -> (B, D) unit user vectors, as the service computes them with its default
     ``SEQREC_INFERENCE=auto``: through the artifact's compiled encoder when it compiles and matches eager,
-    else eagerly. ``compiled``: True = load it here, or the one the caller already has (None: eager)."""
-    if compiled is True:
-        from service.bundle import compile_stages  # the service's own choice, not a copy of it
+    else eagerly (`service.bundle.compile_stages`, the service's own choice, not a copy of it)."""
+    from service.bundle import compile_stages
 
-        compiled = compile_stages(artifact.path, artifact, None, "auto", threads=torch.get_num_threads())[0]
-    model, served = artifact.model, compiled or None
+    return unit_user_vectors(artifact, compile_stages(artifact.path, artifact, None, "auto",
+                                                      threads=torch.get_num_threads())[0])
+
+
+def unit_user_vectors(artifact: RetrieverArtifact, served: RawEncoder | None) -> Encoder:
+    """``served`` (the compiled encoder, or None for the eager model) with its vectors normalised."""
+    model = artifact.model
 
     def encode(history: torch.Tensor) -> torch.Tensor:
         if served is not None:
@@ -129,10 +133,12 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: Rank
         "valid": (split.train.items, split.train.offsets[:-1], split.train.offsets[1:], split.valid_targets),
         "test": (test_inputs.items, test_inputs.offsets[:-1], test_inputs.offsets[1:], split.test_targets),
     }
+    encode = user_encoder(artifact)  # each retriever's encoder compiled once
+    train_miner, train_encode = (artifact, encode) if holdout is None else (holdout, user_encoder(holdout))
     out = {}
     for name, (items, start, end, target) in plans.items():
-        miner = holdout if holdout is not None and name == "train" else artifact
-        out[name] = mine(user_encoder(miner), miner.index, items, start, end, target, depth=depth,
+        miner, miner_encode = (train_miner, train_encode) if name == "train" else (artifact, encode)
+        out[name] = mine(miner_encode, miner.index, items, start, end, target, depth=depth,
                          max_len=miner.max_len, batch_size=batch_size,
                          exclude_seen=artifact.manifest.exclude_seen, desc=f"mine {name}")
         log.info("mined %s: %d groups, retriever recall@%d %.4f", name, len(out[name]), depth, out[name].recall())
@@ -254,23 +260,17 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
 
 
 def served_scorer(ranker: Ranker) -> Any:
-    """``ranker.score`` as the service computes it by default (``SEQREC_INFERENCE=auto``, as
-    `service.bundle.compile_stages` loads a ranker): the MLP through ONNX Runtime and LightGBM's trees through
-    lleaves, each where it compiles and matches, else eagerly; so the figures written with the ranker are the
-    served ones, not ones a near-tie away from them."""
-    from ranker.compiled import load_lgbm, load_mlp
-    from ranker.lgbm import LGBMRanker
-    from ranker.mlp import MLPRanker
+    """``ranker.score`` as the service computes it by default (``SEQREC_INFERENCE=auto``,
+    `service.bundle.compile_ranker`): compiled where it compiles and matches, else eager; so the figures
+    written with the ranker are the served ones, not ones a near-tie away from them."""
     from retriever.compiled import ExportRefused
+    from service.bundle import compile_ranker
 
     try:
-        if isinstance(ranker, MLPRanker):
-            return load_mlp(None, ranker, threads=torch.get_num_threads()).score
-        if isinstance(ranker, LGBMRanker):
-            return load_lgbm(ranker).score
+        return compile_ranker(ranker, None, torch.get_num_threads())[0].score
     except ExportRefused as err:
         log.info("the ranker is scored eagerly, as the service would: %s", err)
-    return ranker.score
+        return ranker.score
 
 
 def checked_config(config: RankerConfig) -> RankerConfig:
@@ -337,7 +337,8 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
                                              unit_item_vectors(trainer.model.item_vectors().detach())),
                                config, train_cooc)
     groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items() if n != "train"}
-    groups["train"] = make_groups(mined["train"], sources["train"], user_encoder(trainer), trainer.max_len)
+    train_encode = encode if trainer is artifact else user_encoder(trainer)
+    groups["train"] = make_groups(mined["train"], sources["train"], train_encode, trainer.max_len)
     if config.cooc_source:
         for name, g in groups.items():
             table, vectors = (train_cooc, train_source.item_vectors) if name == "train" else (cooc,
