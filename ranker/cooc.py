@@ -174,12 +174,14 @@ def union(retrieved: np.ndarray, retrieved_scores: np.ndarray, cooc: np.ndarray,
     The rule: the retriever's top (depth - q) stay (q = quota(depth, share)); then the co-occurrence
     source's best items not among them, up to q; the slots it cannot fill go back to the retriever's
     next items, in order. No item twice; both lists already honour the exclusion set (the repeat
-    policy and the request's exclusions). The merged list is ordered by retrieval score (the cosine
-    of user and item vector: FAISS's score where FAISS returned the item, else computed here in
-    float64), ties in merge order, so the served order's tie-break and the rank features read it as
-    they read the retriever's own list. retrieved: (B, >= depth) ids, 0 = none; cooc: (B, K) ids;
-    user: (B, D) unit vectors; item_vectors: (n_items + 1, D). Returns (B, retrieved width) ids
-    (0 = empty) and float32 scores (0 in empty slots).
+    policy and the request's exclusions). The merged list is ordered by retrieval score (FAISS's
+    score where FAISS returned the item, else the same product of the unit user vector and the item's
+    scoring row computed here in float64: the cosine for a cosine model, the unit user times the raw
+    item vector for a dot-product one), ties in merge order, so the served order's tie-break and the
+    rank features read it as they read the retriever's own list. retrieved: (B, >= depth) ids, 0 =
+    none; cooc: (B, K) ids; user: (B, D) unit vectors; item_vectors: (n_items + 1, D) the scoring rows
+    (`retriever.artifact.retrieval_rows`). Returns (B, retrieved width) ids (0 = empty) and float32
+    scores (0 in empty slots).
     """
     out_ids = np.zeros_like(retrieved)
     out_scores = np.zeros(retrieved.shape, dtype=np.float32)
@@ -201,7 +203,8 @@ def union(retrieved: np.ndarray, retrieved_scores: np.ndarray, cooc: np.ndarray,
 
 def _retrieval_scores(merged: np.ndarray, row: np.ndarray, row_scores: np.ndarray, user: np.ndarray,
                       item_vectors: np.ndarray) -> np.ndarray:
-    """FAISS's score for the items FAISS returned, the float64 cosine rounded to float32 for the others."""
+    """FAISS's score for the items FAISS returned, the float64 product with the scoring row rounded to float32 for
+    the others."""
     scores = (item_vectors[merged].astype(np.float64) @ user.astype(np.float64)).astype(np.float32)
     where = {int(item): j for j, item in enumerate(row) if item > 0}
     from_faiss = np.array([where.get(int(item), -1) for item in merged], dtype=np.int64)

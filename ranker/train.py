@@ -80,18 +80,18 @@ def features(source: FeatureSource, groups: Groups, rows: np.ndarray, id_mask: T
     )
 
 
-def merge_groups(groups: Groups, items: np.ndarray, cooc: CoocTable, share: float, item_vectors: Tensor, *,
+def merge_groups(groups: Groups, items: np.ndarray, cooc: CoocTable, share: float, item_rows: np.ndarray, *,
                  exclude_seen: bool, batch_size: int = 1024) -> Groups:
     """The groups with their candidates replaced by the union of the retriever's and the co-occurrence
     source's lists (`ranker.cooc.union`), at the same depth; the service merges the same way.
 
     items: the flat array the histories are slices of; the exclusion set is the whole history
-    under ``exclude_seen``, as the retriever's search had it. item_vectors: (n_items + 1, D) unit
-    vectors of the retriever that ranked the groups (its user vectors are ``groups.user``).
+    under ``exclude_seen``, as the retriever's search had it. item_rows: (n_items + 1, D) the scoring rows
+    (`retriever.artifact.retrieval_rows`) of the retriever that ranked the groups (its user vectors are
+    ``groups.user``).
     """
     mined = groups.mined
     candidates, scores = np.zeros_like(mined.candidates), np.zeros_like(mined.scores)
-    vectors = item_vectors.numpy()
     depth = np.full(batch_size, mined.depth)
     for lo in tqdm(range(0, len(groups), batch_size), desc="merge sources", unit="batch", disable=None, leave=False):
         rows = np.arange(lo, min(lo + batch_size, len(groups)))
@@ -99,7 +99,7 @@ def merge_groups(groups: Groups, items: np.ndarray, cooc: CoocTable, share: floa
                                                                              strict=True)]
         found, _ = cooc_top(cooc, recent_items(groups.history[rows], cooc.last), exclude, mined.depth)
         candidates[rows], scores[rows] = union(mined.candidates[rows], mined.scores[rows], found,
-                                               groups.user[torch.from_numpy(rows)].numpy(), vectors,
+                                               groups.user[torch.from_numpy(rows)].numpy(), item_rows,
                                                depth[: len(rows)], share)
     merged = Mined(mined.start, mined.end, mined.target, candidates, scores)
     return Groups(merged, groups.history, groups.user)

@@ -85,6 +85,16 @@ def item_matrix(model: Retriever) -> np.ndarray:
     return normalize(vectors) if model.similarity == "cosine" else np.ascontiguousarray(vectors)
 
 
+def retrieval_rows(model: Retriever, unit: torch.Tensor) -> np.ndarray:
+    """(n_items + 1, D) float32 rows that retrieval scores are read from, row 0 = 0: ``unit`` (the model's unit item
+    vectors) for a cosine model, the raw scoring vectors (`item_matrix`) for a dot-product one. An item another
+    source adds to the FAISS list (`ranker.cooc.union`) is scored with these, on the scale FAISS scored the rest."""
+    if model.similarity == "cosine":
+        return unit.numpy()
+    raw = item_matrix(model)
+    return np.concatenate([np.zeros((1, raw.shape[1]), dtype=raw.dtype), raw])
+
+
 def write_artifact(
     out: Path,
     model: Retriever,

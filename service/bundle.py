@@ -71,6 +71,9 @@ class Bundle:
     # (n_items, D) the rows the FAISS index holds (its exact fallback scores them): ``vectors[1:]`` for a cosine
     # model, the raw scoring vectors for a dot-product one.
     index_vectors: np.ndarray = field(init=False, repr=False, compare=False)
+    # (n_items + 1, D) the same rows with row 0 = 0, from which a second source's candidates get their retrieval
+    # scores (`retriever.artifact.retrieval_rows`, as offline).
+    retrieval_rows: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         order = self.popular.tolist()
@@ -83,6 +86,9 @@ class Bundle:
         model = self.artifact.model
         indexed = self.vectors[1:].numpy() if model.similarity == "cosine" else item_matrix(model)
         object.__setattr__(self, "index_vectors", indexed)
+        scoring = self.vectors.numpy() if model.similarity == "cosine" else np.concatenate(
+            [np.zeros((1, indexed.shape[1]), dtype=indexed.dtype), indexed])
+        object.__setattr__(self, "retrieval_rows", scoring)
 
     def encode(self, history: torch.Tensor) -> torch.Tensor:
         """(B, T) left-padded internal ids -> (B, D) float32 user vectors (not normalised): the one place the

@@ -43,6 +43,8 @@ class Servable(Protocol):
     @property
     def index_vectors(self) -> np.ndarray: ...  # (n_items, D) the rows the FAISS index holds
     @property
+    def retrieval_rows(self) -> np.ndarray: ...  # (n_items + 1, D) the index's rows, row 0 = 0
+    @property
     def user_cache(self) -> UserVectors: ...
     @property
     def max_len(self) -> int: ...
@@ -210,7 +212,7 @@ def _second_source(bundle: Servable, history: torch.Tensor, user: torch.Tensor, 
     found, _ = cooc_top(ranker.cooc, recent_items(history[rows].numpy(), ranker.cooc.last),
                         [_excluded(queries[i], bundle.retired, eligible=True) for i in rows], int(depth.max()))
     merged, merged_scores = union(candidates[rows], np.where(candidates[rows] > 0, scores[rows], 0.0), found,
-                                  user[rows].numpy(), bundle.vectors.numpy(), depth, share)
+                                  user[rows].numpy(), bundle.retrieval_rows, depth, share)
     candidates[rows] = merged
     scores[rows] = np.where(merged > 0, merged_scores, -np.inf)
     return candidates, scores

@@ -28,7 +28,7 @@ from ranker.artifact import unit_item_vectors
 from ranker.cooc import CoocTable, cooc_top, recent_items
 from ranker.mining import Mined, mine
 from ranker.train import Groups, make_groups, merge_groups
-from retriever.artifact import RetrieverArtifact, load_artifact
+from retriever.artifact import RetrieverArtifact, load_artifact, retrieval_rows
 from retriever.atomic import atomic_write
 
 DEPTHS = (100, 200)
@@ -63,7 +63,7 @@ def split_recalls(artifact: RetrieverArtifact, data: PreparedDataset, depths: tu
     """{split: {"retriever@N", "cooc@N", "union<share>@N": recall}} for validation and test."""
     split = data.split()
     table = cooc_table(data, split)
-    vectors = unit_item_vectors(artifact.model.item_vectors().detach())
+    vectors = retrieval_rows(artifact.model, unit_item_vectors(artifact.model.item_vectors().detach()))
     encode, sources = user_encoder(artifact), split_sources(split)
     exclude_seen = artifact.manifest.exclude_seen
     plans = {"valid": (split.train, split.valid_targets), "test": (split.inputs("test"), split.test_targets)}

@@ -26,7 +26,7 @@ from ranker.train import (
     merge_groups,
     retriever_ranks,
 )
-from retriever.artifact import RetrieverArtifact
+from retriever.artifact import RetrieverArtifact, retrieval_rows
 from retriever.errors import SeqrecError
 from service.bundle import compile_stages
 
@@ -120,7 +120,8 @@ def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) 
             assert system.ranker is not None
             assert system.ranker.cooc is not None
             groups[name] = merge_groups(groups[name], sources[name], system.ranker.cooc, share,
-                                        system.source.item_vectors, exclude_seen=artifact.manifest.exclude_seen)
+                                        retrieval_rows(artifact.model, system.source.item_vectors),
+                                        exclude_seen=artifact.manifest.exclude_seen)
     return groups
 
 

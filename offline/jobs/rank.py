@@ -39,7 +39,7 @@ from ranker.train import (
     merge_groups,
     ndcg_at,
 )
-from retriever.artifact import RetrieverArtifact, load_artifact
+from retriever.artifact import RetrieverArtifact, load_artifact, retrieval_rows
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
 from retriever.repeats import LEGACY_REPEATS
@@ -341,10 +341,10 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
     groups["train"] = make_groups(mined["train"], sources["train"], train_encode, trainer.max_len)
     if config.cooc_source:
         for name, g in groups.items():
-            table, vectors = (train_cooc, train_source.item_vectors) if name == "train" else (cooc,
-                                                                                           source.item_vectors)
+            table, model, unit = ((train_cooc, trainer.model, train_source.item_vectors) if name == "train"
+                                  else (cooc, artifact.model, source.item_vectors))
             assert table is not None
-            groups[name] = merge_groups(g, sources[name], table, config.cooc_share, vectors,
+            groups[name] = merge_groups(g, sources[name], table, config.cooc_share, retrieval_rows(model, unit),
                                         exclude_seen=artifact.manifest.exclude_seen)
     return groups, source, train_source
 

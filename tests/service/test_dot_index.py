@@ -78,3 +78,31 @@ def test_a_dot_model_with_an_index_of_unit_vectors_is_named_at_load(tmp_path: Pa
     with caplog.at_level(logging.WARNING, logger="service.bundle"):
         load_bundle(_dot_bundle(tmp_path / "fresh"), inference="eager")
     assert "unit vectors" not in caplog.text
+
+
+def test_a_second_sources_candidates_get_the_score_faiss_gives_the_rest(tmp_path: Path) -> None:
+    """`ranker.cooc.union` scores the items the co-occurrence source adds with the retrieval rows: for a dot
+    model the unit user times the raw item vector, FAISS's own scale (they were scored by cosine, so one list
+    and one feature held two scales); the service and the offline jobs read the same rows."""
+    from ranker.artifact import unit_item_vectors
+    from ranker.cooc import union
+    from retriever.artifact import retrieval_rows
+    from retriever.index import search
+
+    bundle = load_bundle(_dot_bundle(tmp_path), inference="eager")
+    model = bundle.artifact.model
+    offline = retrieval_rows(model, unit_item_vectors(model.item_vectors().detach()))
+    assert np.array_equal(bundle.retrieval_rows, offline)
+    assert not np.allclose(offline[1:], normalize(offline[1:]))  # raw rows: lengths differ
+    with torch.no_grad():
+        user = torch.nn.functional.normalize(model.user_vectors(torch.tensor([[3, 9, 27]])), dim=-1).numpy()
+    assert bundle.artifact.index is not None
+    scores, rows = search(bundle.artifact.index, user, 6)
+    retrieved = rows + 1
+    others = np.array([[i for i in range(1, N_ITEMS + 1) if i not in retrieved[0]][:6]])
+    merged, merged_scores = union(retrieved, scores, others, user, bundle.retrieval_rows, np.array([6]), 0.5)
+    added = ~np.isin(merged[0], retrieved[0])
+    assert added.sum() == 3
+    expected = (offline[merged[0]].astype(np.float64) @ user[0].astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(merged_scores[0], expected, atol=1e-5)
+    assert (np.diff(merged_scores[0]) <= 0).all()  # one scale, so one order
