@@ -80,7 +80,8 @@ async def lifespan(app: FastAPI, *, settings: Settings, metrics: Metrics,
     else:
         path, served = preloaded.path, preloaded
     engine = Engine(served, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
-                    max_queue=settings.max_queue, threads=settings.threads, personalize_beta=settings.personalize_beta,
+                    max_queue=settings.max_queue, threads=settings.threads, concurrency=settings.concurrency,
+                    personalize_beta=settings.personalize_beta,
                     personalize_steps=settings.personalize_steps, on_batch=metrics.batch.observe,
                     inference=settings.inference)
     await engine.start()

@@ -1,9 +1,13 @@
-"""The micro-batching engine: the served bundle, one inference thread, hot reload.
+"""The micro-batching engine: the served bundle, its inference threads, hot reload.
 
-Adaptive micro-batching: one worker takes every request queued (up to ``max_batch``) and answers them
-with one `service.recommend.recommend_batch` call in ``torch.inference_mode`` on a single inference
-thread. An idle engine answers a lone request at once; requests that arrive while the model is busy pile
-up and form the next batch, so batches grow with the load and never wait for it. ``max_wait_ms`` (default
+Adaptive micro-batching: a runner takes every request queued (up to ``max_batch``) and answers them
+with one `service.recommend.recommend_batch` call in ``torch.inference_mode`` on an inference thread of
+its own. An idle runner answers a lone request at once; requests that arrive while every runner is busy
+pile up and form the next batch, so batches grow with the load and never wait for it. With
+``concurrency`` 2 (or more) a request that arrives while one batch runs starts at once on a second
+runner instead of waiting for it: ONNX Runtime, FAISS, the compiled trees and numpy's larger operations
+leave the GIL while they compute, so two batches share two cores. A request's answer does not depend on
+which batch it rode in (`service.recommend`), so neither does it depend on the runner. ``max_wait_ms`` (default
 0) adds a fixed wait for more requests, for when larger batches pay more than the wait costs. Past
 ``max_queue`` waiting requests a new one is refused at once (`Overloaded`, a 503 with Retry-After): under
 overload a queue that only grows answers everybody too late.
@@ -39,10 +43,10 @@ _Pending = tuple[Query, Bundle, asyncio.Future[Result[Bundle]]]  # a queued requ
 
 
 class Engine:
-    """The served bundle, the micro-batching worker and hot reload."""
+    """The served bundle, the micro-batching runners and hot reload."""
 
     def __init__(self, bundle: Bundle, *, max_batch: int = 32, max_wait_ms: float = 0.0, max_queue: int = 256,
-                 threads: int = 1,
+                 threads: int = 1, concurrency: int = 1,
                  personalize_beta: float = 1e-5, personalize_steps: int = 1,
                  on_batch: Callable[[int], None] | None = None, inference: Inference = "auto") -> None:
         self.bundle = bundle
@@ -55,8 +59,11 @@ class Engine:
         self.threads = threads
         self.inference: Inference = inference  # how reloaded bundles run (service.bundle.load_bundle)
         self._queue: asyncio.Queue[_Pending] | None = None
-        self._worker: asyncio.Task[None] | None = None
-        self._inference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqrec-inference",
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self.concurrency = concurrency
+        self._runners: list[asyncio.Task[None]] = []
+        self._inference = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="seqrec-inference",
                                              initializer=set_threads, initargs=(threads,))
         self._reload_lock = asyncio.Lock()
         self.batches = 0
@@ -64,13 +71,14 @@ class Engine:
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
-        self._worker = asyncio.create_task(self._run(), name="seqrec-batcher")
+        self._runners = [asyncio.create_task(self._run(), name=f"seqrec-batcher-{i}") for i in range(self.concurrency)]
 
     async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
+        for runner in self._runners:
+            runner.cancel()
+        for runner in self._runners:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+                await runner
         self._inference.shutdown(wait=True, cancel_futures=True)
 
     async def recommend(self, query: Query, bundle: Bundle | None = None) -> Result[Bundle]:

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     max_queue: int = Field(256, ge=1, le=1_000_000, description="requests waiting for the model; past it "
                            "/recommend answers 503 with Retry-After at once instead of queueing (load shedding)")
     threads: int = Field(1, ge=1, le=256, description="torch, ONNX Runtime and FAISS threads for inference")
+    concurrency: int = Field(1, ge=1, le=64, description="batches the model runs at once, each on an inference "
+                             "thread of its own: a request that arrives while a batch runs starts at once on "
+                             "another instead of waiting for it")
     inference: Literal["auto", "onnx", "eager"] = Field(
         "auto", description="auto: the encoder and the MLP ranker run compiled (ONNX Runtime) when they export "
         "and match eager at load, else eagerly (logged), and a LightGBM ranker's trees compiled by lleaves; onnx: "

@@ -102,6 +102,8 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     runs: list[LoadResult] = []
     env = {"SEQREC_THREADS": str(args.threads), "SEQREC_MAX_BATCH": str(args.max_batch),
            "SEQREC_MAX_WAIT_MS": str(args.max_wait_ms), "SEQREC_LOG_LEVEL": "warning"}
+    if args.concurrency is not None:
+        env["SEQREC_CONCURRENCY"] = str(args.concurrency)
     for bundle in args.artifact:
         item_ids = load_catalogue(bundle)
         payloads = payloads_from_catalogue(item_ids, args.requests, args.min_len, args.max_len, args.seed,
@@ -159,7 +161,8 @@ def serve_markdown(report: dict[str, Any], runs: Sequence[LoadResult]) -> str:
              f"Open-loop {s['arrivals']} arrivals, {s['duration']:g} s per rate after {s['warmup']:g} s warm-up; "
              f"histories of {s['min_len']}-{s['max_len']} random catalogue items, k={s['k']}, "
              f"candidates={s['candidates']}, rerank={rerank}, personalize={s['personalize']}; "
-             f"server (both apps): {s['workers']} uvicorn worker(s), {s['threads']} torch thread(s), max batch "
+             f"server (both apps): {s['workers']} uvicorn worker(s), {s['threads']} torch thread(s), "
+             f"{s.get('concurrency') or 'default'} concurrent batch(es) (SEQREC_CONCURRENCY), max batch "
              f"{s['max_batch']}, max wait {s['max_wait_ms']:g} ms.", "", load, "", markdown_table(head, rows), "",
              "## Every run", "", report_table(runs)]
     return "\n".join(lines)

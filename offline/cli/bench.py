@@ -150,6 +150,8 @@ def _add_serve(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-batch", type=int, default=32, help="server micro-batch size")
     srv.add_argument("--max-wait-ms", type=float, default=0.0, help="server micro-batch extra wait (0 = adaptive)")
     srv.add_argument("--workers", type=int, default=1, help="uvicorn workers of both apps (SEQREC_WORKERS)")
+    srv.add_argument("--concurrency", type=int, default=None,
+                     help="batches the server runs at once (SEQREC_CONCURRENCY; default: the service's)")
     srv.add_argument("--cpu-rate", type=float, default=10.0,
                      help="rate of the run whose server CPU time per request is reported (one both apps keep up with)")
     srv.add_argument("--server-code", type=Path, default=None,

@@ -116,6 +116,42 @@ async def test_a_full_queue_refuses_at_once_and_every_admitted_request_is_answer
         assert result.items == recommend_batch(served, [query])[0].items, query
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
+async def test_with_two_runners_a_request_starts_while_another_batch_runs(served: Bundle, concurrency: int) -> None:
+    """``concurrency`` 2: the first batch holds the model until a second batch has started beside it, which
+    only a second runner can do; with one runner the second request waits for the first batch (it never
+    starts while the first runs). Every answer is the one it gets alone."""
+    second_started = threading.Event()
+    engine = Engine(served, max_batch=8, concurrency=concurrency)
+    real = engine._run_batch
+    overlapped: list[bool] = []
+
+    def model(bundle: Bundle, queries: list[Query]) -> list[Result[Bundle]]:
+        if queries[0] is QUERIES[0]:
+            overlapped.append(second_started.wait(2 if concurrency == 1 else 30))
+        else:
+            second_started.set()
+        return real(bundle, queries)
+
+    engine._run_batch = model  # type: ignore[assignment]
+    await engine.start()
+    try:
+        first = asyncio.create_task(engine.recommend(QUERIES[0]))
+        await asyncio.sleep(0.1)  # a runner took it and holds the model
+        results = [await engine.recommend(QUERIES[1]), await first]
+    finally:
+        second_started.set()
+        await engine.stop()
+    assert overlapped == [concurrency == 2]
+    assert results[0].items == recommend_batch(served, [QUERIES[1]])[0].items
+    assert results[1].items == recommend_batch(served, [QUERIES[0]])[0].items
+
+
+def test_concurrency_below_one_is_refused(served: Bundle) -> None:
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        Engine(served, concurrency=0)
+
+
 async def test_an_overloaded_service_answers_503_with_retry_after(served: Bundle,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the app (in-process ASGI, its own lifespan): the 503 says why, asks to retry, and is counted."""
