@@ -25,7 +25,10 @@ def test_old_artifact_loads_and_scores_as_written(name: str) -> None:
     assert artifact.index.ntotal == 12
     with torch.no_grad():
         scores = artifact.model.score(HISTORIES)[:, 1:].numpy()
-    np.testing.assert_array_equal(scores, np.load(path / "expected_scores.npy"))
+    # Within float32 rounding, not bit for bit: torch picks its CPU kernels by instruction set, and on an Intel
+    # Xeon with AVX-512 these scores differ from the fixtures' (written on another CPU) by up to 2e-6 (1e-5
+    # relative). Other weights, another architecture or another scale would miss by orders of magnitude more.
+    np.testing.assert_allclose(scores, np.load(path / "expected_scores.npy"), rtol=1e-4, atol=1e-5)
     assert artifact.manifest.metrics["valid"]["NDCG@10"] == 0.25
     assert artifact.manifest.training is not None
     assert artifact.manifest.training["best_epoch"] == 1
