@@ -25,7 +25,14 @@ from ranker.compiled import load_lgbm, load_mlp
 from ranker.features import TorchTables
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
-from retriever.artifact import CATALOGUE, POPULARITY, ArtifactError, RetrieverArtifact, item_matrix, load_artifact
+from retriever.artifact import (
+    CATALOGUE,
+    POPULARITY,
+    ArtifactError,
+    RetrieverArtifact,
+    load_artifact,
+    retrieval_rows,
+)
 from retriever.compiled import ExportRefused, load_encoder
 from retriever.errors import SeqrecError
 from service.cache import UserVectors
@@ -68,12 +75,12 @@ class Bundle:
     _by_popularity: list[tuple[int, str, str]] = field(init=False, repr=False, compare=False)
     popularity_rank: np.ndarray = field(init=False, repr=False, compare=False)  # (n_items + 1,), 1 = most popular
     filters: CatalogueFilters = field(init=False, repr=False, compare=False)  # per-column lookups of the catalogue
-    # (n_items, D) the rows the FAISS index holds (its exact fallback scores them): ``vectors[1:]`` for a cosine
-    # model, the raw scoring vectors for a dot-product one.
-    index_vectors: np.ndarray = field(init=False, repr=False, compare=False)
-    # (n_items + 1, D) the same rows with row 0 = 0, from which a second source's candidates get their retrieval
-    # scores (`retriever.artifact.retrieval_rows`, as offline).
+    # (n_items + 1, D) the model's scoring rows, row 0 = 0 (`retriever.artifact.retrieval_rows`, as offline):
+    # ``vectors`` for a cosine model, the raw vectors for a dot-product one; a second source's candidates get
+    # their retrieval scores from them.
     retrieval_rows: np.ndarray = field(init=False, repr=False, compare=False)
+    # (n_items, D) the rows the FAISS index holds (its exact fallback scores them): ``retrieval_rows[1:]``.
+    index_vectors: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         order = self.popular.tolist()
@@ -83,12 +90,9 @@ class Bundle:
         object.__setattr__(self, "_by_popularity", rows)
         object.__setattr__(self, "popularity_rank", rank)
         object.__setattr__(self, "filters", CatalogueFilters.from_metadata(self.metadata))
-        model = self.artifact.model
-        indexed = self.vectors[1:].numpy() if model.similarity == "cosine" else item_matrix(model)
-        object.__setattr__(self, "index_vectors", indexed)
-        scoring = self.vectors.numpy() if model.similarity == "cosine" else np.concatenate(
-            [np.zeros((1, indexed.shape[1]), dtype=indexed.dtype), indexed])
+        scoring = retrieval_rows(self.artifact.model, self.vectors)
         object.__setattr__(self, "retrieval_rows", scoring)
+        object.__setattr__(self, "index_vectors", scoring[1:])
 
     def encode(self, history: torch.Tensor) -> torch.Tensor:
         """(B, T) left-padded internal ids -> (B, D) float32 user vectors (not normalised): the one place the

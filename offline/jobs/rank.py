@@ -340,11 +340,12 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
     train_encode = encode if trainer is artifact else user_encoder(trainer)
     groups["train"] = make_groups(mined["train"], sources["train"], train_encode, trainer.max_len)
     if config.cooc_source:
+        rows = retrieval_rows(artifact.model, source.item_vectors)
+        train_rows = rows if trainer is artifact else retrieval_rows(trainer.model, train_source.item_vectors)
         for name, g in groups.items():
-            table, model, unit = ((train_cooc, trainer.model, train_source.item_vectors) if name == "train"
-                                  else (cooc, artifact.model, source.item_vectors))
+            table, item_rows = (train_cooc, train_rows) if name == "train" else (cooc, rows)
             assert table is not None
-            groups[name] = merge_groups(g, sources[name], table, config.cooc_share, retrieval_rows(model, unit),
+            groups[name] = merge_groups(g, sources[name], table, config.cooc_share, item_rows,
                                         exclude_seen=artifact.manifest.exclude_seen)
     return groups, source, train_source
 
