@@ -4,7 +4,9 @@ answered by the bundle its internal ids were mapped with even when a reload swap
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -174,3 +176,33 @@ async def test_an_overloaded_service_answers_503_with_retry_after(served: Bundle
     assert response.json() == {"detail": "overloaded, retry later: 256 requests already wait for the model "
                                          "(SEQREC_MAX_QUEUE)"}
     assert "seqrec_shed_total 1.0" in metrics
+
+
+def _walked(obj: object) -> bool:
+    """Whether the cyclic collector's generations hold ``obj`` (frozen objects are in none of them)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+async def test_the_served_bundle_is_frozen_out_of_the_collectors_walk_and_an_old_one_still_freed(bundle: Path) -> None:
+    first = load_bundle(bundle)
+    assert _walked(first)  # a fresh load: every full collection would walk it
+    engine = Engine(first)
+    await engine.start()
+    try:
+        assert not _walked(first)
+        assert gc.get_freeze_count() > 0
+        old, new = await engine.reload(bundle)
+        assert old is first
+        assert not _walked(new)
+        gone = weakref.ref(first)
+        was_enabled = gc.isenabled()
+        gc.disable()  # reference counting alone must free the dropped bundle, frozen or not
+        try:
+            del first, old
+            assert gone() is None
+        finally:
+            if was_enabled:
+                gc.enable()
+        assert (await engine.recommend(QUERIES[0])).items == recommend_batch(new, QUERIES[:1])[0].items
+    finally:
+        await engine.stop()
