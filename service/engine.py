@@ -166,8 +166,8 @@ def settle_heap() -> None:
 
     The loaded bundle, the libraries and their caches are hundreds of thousands of objects that live as long as
     the process. Python's full (oldest-generation) collection walks every one of them, holding the GIL: on the
-    Beauty bundle 150-220 ms, every few thousand requests, and every request in flight waited for it (p99 at 100
-    r/s 92-151 ms instead of 7-9; docs/results/serve/gc-freeze/). Frozen objects are never walked, so a full
+    Beauty bundle about 200 ms, and every request in flight waited for it (p99 at 100 r/s 99.6 and 146.4 ms,
+    7.7-9.7 with the heap frozen; docs/results/serve/gc-freeze/). Frozen objects are never walked, so a full
     collection only sees what requests allocated since. Called once before the first request and after each
     reload (an old bundle dropped later is freed by reference counting; it holds no reference cycles), at the
     price of one collection then.

@@ -3,6 +3,7 @@ always fails, and one that blocks its event loop for 50 ms a request (to show th
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -14,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from offline.bench.load import Answer, Call, LoadResult, due_times, run_load, summarise
+from offline.bench.load import Answer, Call, LoadResult, due_times, quiet_collector, run_load, summarise
 from offline.bench.payloads import payloads_from_catalogue, payloads_from_dataset
 from offline.bench.processes import ServerError, free_port, start_server
 from offline.bench.serve import NOOP_APP
@@ -240,3 +241,29 @@ def test_report_table():
     assert lines[0].startswith("| rate r/s | sent | ok | errors |")
     assert lines[2] == "| 100 | 1000 | 1000 | 0 | 100.0 | 3.20 | 8.00 | 12.50 | 20.00 | 0.10 |"
     assert "10 (timeout: 10)" in lines[3]
+
+
+class _Held:
+    """An object the cyclic collector tracks (it has a __dict__)."""
+
+
+def test_the_client_freezes_what_was_alive_for_the_run_and_unfreezes_after_even_on_error() -> None:
+    before = _Held()
+
+    def walked(obj: object) -> bool:
+        return any(o is obj for o in gc.get_objects())
+
+    seen: list[bool] = []
+
+    def failing_run() -> None:
+        with quiet_collector():
+            seen.append(walked(before))  # frozen: a full collection in the run does not walk it
+            seen.append(walked(_Held()))  # what the run allocates is still collected
+            raise RuntimeError("the run failed")
+
+    assert walked(before)
+    with pytest.raises(RuntimeError):
+        failing_run()
+    assert seen == [False, True]
+    assert walked(before)
+    assert gc.get_freeze_count() == 0
