@@ -8,8 +8,10 @@ for batches of 1 and several, at the served length and a shorter one, with histo
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,8 +23,10 @@ from retriever.compiled import (
     ENCODER_FILE,
     PARITY_ATOL,
     ExportRefused,
+    OnnxEncoder,
     ServedEncoder,
     export_onnx,
+    length_groups,
     load_encoder,
     write_encoder,
 )
@@ -105,3 +109,53 @@ def test_weights_that_no_longer_match_the_file_are_refused(tmp_path: Path) -> No
         warnings.simplefilter("ignore")
         with pytest.raises(ExportRefused, match="differ from eager"):
             load_encoder(tmp_path, model, MAX_LEN)
+
+
+def _brute_force_cost(lengths: list[int], call_cost: int) -> float:
+    """The cheapest split of ascending ``lengths`` into runs, over every set of cut points."""
+    n, best = len(lengths), float("inf")
+    for mask in range(1 << (n - 1)):
+        cuts = [0, *(i + 1 for i in range(n - 1) if mask >> i & 1), n]
+        best = min(best, sum(call_cost + (b - a) * max(lengths[b - 1], 1) for a, b in itertools.pairwise(cuts)))
+    return best
+
+
+def test_length_groups_are_contiguous_and_as_cheap_as_the_best_split() -> None:
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        n = int(torch.randint(1, 9, (1,), generator=generator))
+        lengths = sorted(torch.randint(0, 200, (n,), generator=generator).tolist())
+        groups = length_groups(torch.tensor(lengths).numpy(), 16)
+        assert [a for a, _ in groups] == [0, *(b for _, b in groups[:-1])]
+        assert groups[-1][1] == n
+        cost = sum(16 + (b - a) * max(lengths[b - 1], 1) for a, b in groups)
+        assert cost == _brute_force_cost(lengths, 16)
+    assert length_groups(torch.tensor([50, 50, 50, 50]).numpy()) == [(0, 4)]  # equal lengths: one call
+    assert length_groups(torch.tensor([10, 12, 190, 200]).numpy()) == [(0, 2), (2, 4)]
+
+
+class _RowSums:
+    """A stand-in ONNX session: each row's output is its ids' sum (whatever its padding); records input shapes."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...]] = []
+
+    def run(self, _: object, feeds: dict[str, Any]) -> list[Any]:
+        ids = feeds["item_ids"]
+        self.shapes.append(ids.shape)
+        return [ids.sum(1, keepdims=True).astype("float32").repeat(2, axis=1)]
+
+
+def test_a_mixed_batch_runs_in_length_groups_cut_to_their_longest_history_in_the_callers_order() -> None:
+    lengths = [200, 3, 195, 5, 0, 198, 4]
+    ids = torch.zeros(len(lengths), 200, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        if length:
+            ids[row, -length:] = torch.arange(1, length + 1) + row
+    fake = _RowSums()
+    out = OnnxEncoder(fake)(ids)
+    assert torch.equal(out[:, 0], ids.sum(1).float())  # every row back in its place
+    assert sorted(fake.shapes) == [(3, 200), (4, 5)]  # the short rows apart, each call as wide as its longest
+    single = _RowSums()
+    OnnxEncoder(single)(ids[1:2])
+    assert single.shapes == [(1, 3)]

@@ -1,0 +1,101 @@
+"""The compiled encoder on a micro-batch of mixed history lengths: one padded call against length groups.
+
+    python -m offline.bench.encoder_lengths --artifact BUNDLE --out docs/results/serve/length-groups
+
+For batches of 1 to 32 histories of ``--min-len``..``--max-len`` random catalogue items (cut to the model's
+window), the CPU time per history of the bundle's ONNX encoder run as one call padded to the longest history
+(what the service did before) and in length groups (`retriever.compiled.OnnxEncoder`), the two alternating on
+the same batches in this process, one thread; and the largest difference between the two paths' user vectors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offline.bench.payloads import load_catalogue, payloads_from_catalogue
+from offline.tables import markdown_table
+from retriever.compiled import OnnxEncoder
+from retriever.errors import SeqrecError
+from service.bundle import load_bundle
+from service.engine import set_threads
+from service.recommend import Query, _padded_histories
+
+BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+def measure(artifact: Path, *, requests: int = 256, min_len: int = 50, max_len: int = 200, rounds: int = 5,
+            seed: int = 0) -> dict[str, Any]:
+    set_threads(1)
+    bundle = load_bundle(artifact, inference="onnx")
+    encoder = bundle.compiled_encoder
+    if not isinstance(encoder, OnnxEncoder):
+        raise SeqrecError(f"{artifact}: its encoder does not serve compiled")
+    payloads = payloads_from_catalogue(load_catalogue(artifact), requests, min_len, max_len, seed)
+    queries = [Query([bundle.index_of[i] for i in p["history"]][-bundle.max_len:], k=10, candidates=10)
+               for p in payloads]
+
+    def padded(history: Any) -> Any:  # the previous path: one call on the batch as it comes
+        return encoder.session.run(None, {"item_ids": np.ascontiguousarray(history.numpy())})[0]
+
+    rows = []
+    for size in BATCHES:
+        batches = [_padded_histories(queries[s:s + size], bundle.max_len) for s in range(0, requests, size)]
+        cpu = {"padded": 0.0, "grouped": 0.0}
+        gap = 0.0
+        for _ in range(rounds):
+            for history in batches:
+                t = time.thread_time()
+                one = padded(history)
+                cpu["padded"] += time.thread_time() - t
+                t = time.thread_time()
+                grouped = encoder(history).numpy()
+                cpu["grouped"] += time.thread_time() - t
+                gap = max(gap, float(np.abs(one - grouped).max()))
+        per = {k: 1000 * v / (rounds * requests) for k, v in cpu.items()}
+        rows.append({"batch": size, "padded_ms": round(per["padded"], 4), "grouped_ms": round(per["grouped"], 4),
+                     "speedup": round(per["padded"] / per["grouped"], 3), "max_abs_diff": gap})
+    return {"bundle": str(artifact), "version": bundle.version, "max_len": bundle.max_len, "requests": requests,
+            "history": [min_len, max_len], "rounds": rounds, "rows": rows}
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    lo, hi = report["history"]
+    head = ["batch", "one padded call (CPU ms/history)", "length groups (CPU ms/history)", "speed-up",
+            "max |difference| of the user vectors"]
+    body = [[r["batch"], r["padded_ms"], r["grouped_ms"], r["speedup"], f"{r['max_abs_diff']:.1e}"]
+            for r in report["rows"]]
+    return "\n".join([f"# The compiled encoder on mixed history lengths: {report['bundle']}", "",
+                      f"{report['requests']} histories of {lo}-{hi} random catalogue items cut to the model's window "
+                      f"({report['max_len']}), in batches; both paths alternate on the same batches "
+                      f"({report['rounds']} rounds), in one process on one thread.", "",
+                      markdown_table(head, body), ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--artifact", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--min-len", type=int, default=50)
+    p.add_argument("--max-len", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    report = measure(args.artifact, requests=args.requests, min_len=args.min_len, max_len=args.max_len,
+                     rounds=args.rounds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = f"encoder-{args.artifact.name}"
+    (args.out / f"{name}.json").write_text(json.dumps(report, indent=2))
+    text = to_markdown(report)
+    (args.out / f"{name}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
