@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from retriever.atomic import atomic_write
 from retriever.model import Retriever
+from retriever.windows import length_groups
 
 ENCODER_FILE = "encoder.onnx"
 OPSET = 18
@@ -105,16 +106,18 @@ class OnnxEncoder:
 
     def __call__(self, item_ids: Tensor) -> Tensor:
         ids = np.ascontiguousarray(item_ids.numpy(), dtype=np.int64)
+        if len(ids) < 2 or ids[:, 0].all():  # one history, or all fill the width: the batch runs as it comes
+            return torch.from_numpy(self._run(ids, ids.shape[1]))
         lengths = np.count_nonzero(ids, axis=1)
-        longest = int(lengths.max()) if len(ids) else 0
-        if len(ids) > 1 and (longest - int(lengths.min())) * len(ids) > CALL_COST:  # padding costs more than a call
+        longest = int(lengths.max())
+        if (longest - int(lengths.min())) * len(ids) > CALL_COST:  # padding costs more than another call
             return torch.from_numpy(self._grouped(ids, lengths))
         return torch.from_numpy(self._run(ids, longest))
 
     def _grouped(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         order = np.argsort(lengths, kind="stable")
         out: np.ndarray | None = None
-        for start, end in length_groups(lengths[order]):
+        for start, end in length_groups(lengths[order], CALL_COST):
             rows = order[start:end]
             got = self._run(ids[rows], int(lengths[rows[-1]]))
             if out is None:
@@ -129,27 +132,6 @@ class OnnxEncoder:
 
 
 CALL_COST = 16  # one ONNX Runtime call costs about as much as 16 more positions of one row (0.1 ms vs ~0.0055)
-
-
-def length_groups(lengths: np.ndarray, call_cost: int = CALL_COST) -> list[tuple[int, int]]:
-    """Split ascending ``lengths`` into runs [start, end) that minimise the encoder's cost, modelled as
-    ``call_cost`` per run plus (rows x longest length) per run: an exact dynamic programme over the cut points.
-    Only a change of length can be a cut worth making, so a batch of any size costs at most (distinct
-    lengths)^2 steps, a few hundred for a micro-batch."""
-    values, counts = np.unique(np.maximum(np.asarray(lengths, dtype=np.int64), 1), return_counts=True)
-    ends = [0, *np.cumsum(counts).tolist()]  # ends[j]: rows shorter than or as long as values[j - 1]
-    sizes = values.tolist()
-    best = [0] * len(ends)
-    cut = [0] * len(ends)
-    for j in range(1, len(ends)):  # plain ints: these few hundred steps cost less than numpy's calls
-        size, rows = sizes[j - 1], ends[j]
-        best[j], cut[j] = min((best[i] + call_cost + (rows - ends[i]) * size, i) for i in range(j))
-    groups = []
-    j = len(ends) - 1
-    while j > 0:
-        groups.append((ends[cut[j]], ends[j]))
-        j = cut[j]
-    return groups[::-1]
 
 
 def export_encoder(model: Retriever, max_len: int) -> bytes:

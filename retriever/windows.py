@@ -30,6 +30,28 @@ def padded_slices(items: np.ndarray, start: np.ndarray, end: np.ndarray, max_len
     return out
 
 
+def length_groups(lengths: np.ndarray, call_cost: int) -> list[tuple[int, int]]:
+    """Split ascending ``lengths`` into runs [start, end) that minimise the encoder's cost, modelled as
+    ``call_cost`` per run plus (rows x longest length) per run: an exact dynamic programme over the cut points.
+    Only a change of length can be a cut worth making, so a batch of any size costs at most (distinct
+    lengths)^2 steps, a few hundred for a micro-batch. The compiled encoder (`retriever.compiled.OnnxEncoder`)
+    and the ranker's history cosines (`ranker.features`) run left-padded batches so."""
+    values, counts = np.unique(np.maximum(np.asarray(lengths, dtype=np.int64), 1), return_counts=True)
+    ends = [0, *np.cumsum(counts).tolist()]  # ends[j]: rows shorter than or as long as values[j - 1]
+    sizes = values.tolist()
+    best = [0] * len(ends)
+    cut = [0] * len(ends)
+    for j in range(1, len(ends)):  # plain ints: these few hundred steps cost less than numpy's calls
+        size, rows = sizes[j - 1], ends[j]
+        best[j], cut[j] = min((best[i] + call_cost + (rows - ends[i]) * size, i) for i in range(j))
+    groups = []
+    j = len(ends) - 1
+    while j > 0:
+        groups.append((ends[cut[j]], ends[j]))
+        j = cut[j]
+    return groups[::-1]
+
+
 def make_windows(offsets: np.ndarray, items: np.ndarray, max_len: int, mode: str = "all") -> np.ndarray:
     """(n_windows, max_len + 1) left-padded training windows.
 

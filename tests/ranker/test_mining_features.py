@@ -6,11 +6,19 @@ import torch
 
 from offline.data.sequences import Sequences
 from offline.data.split import leave_one_out
-from ranker.features import COLUMN, DENSE_FEATURES, ID_DERIVED, FeatureBatch, ItemTables, compute_features
+from ranker.features import (
+    COLUMN,
+    DENSE_FEATURES,
+    HISTORY_GROUP_COST,
+    ID_DERIVED,
+    FeatureBatch,
+    ItemTables,
+    compute_features,
+)
 from ranker.mining import mine, training_groups
 from ranker.train import FeatureSource, features, make_groups
 from retriever.index import IndexSpec, build_index, normalize
-from retriever.windows import padded_slices
+from retriever.windows import length_groups, padded_slices
 
 N_ITEMS = 12
 
@@ -235,3 +243,25 @@ def test_feature_values_are_pinned() -> None:
     row = [0.0, 0.0, 0.0, 0.9266284108161926, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.4444444477558136, 2.3025851249694824,
            3.0, 2.5555553436279297, 0.0, 0.0, 0.0]  # a masked candidate: ID-derived columns zeroed
     assert batch.dense[2, 3].tolist() == pytest.approx(row, abs=1e-6)
+
+
+def test_histories_of_very_different_lengths_get_the_features_each_would_get_alone() -> None:
+    """The history cosines run in length groups (`ranker.features._similarity_features`): a row's values are
+    bit for bit those of the same request alone, whichever group it landed in."""
+    tables, vectors = _tables().torch(), _vectors()
+    generator = torch.Generator().manual_seed(0)
+    lengths = [60, 2, 60, 1, 33]
+    assert len(length_groups(np.sort(lengths), HISTORY_GROUP_COST)) > 1  # the split path is the one tested
+    rows = [torch.randint(1, N_ITEMS + 1, (n,), generator=generator) for n in lengths]
+    history = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+    for r, row in enumerate(rows):
+        history[r, -len(row):] = row
+    candidates = torch.randint(0, N_ITEMS + 1, (len(rows), 7), generator=generator)
+    scores = torch.rand(len(rows), 7, generator=generator)
+    encode = _encode(vectors)
+    user = encode(history)
+    batch = compute_features(tables, vectors, history, user, candidates, scores)
+    for r, row in enumerate(rows):
+        alone = compute_features(tables, vectors, row[None, :], user[r : r + 1], candidates[r : r + 1],
+                                 scores[r : r + 1])
+        assert torch.equal(batch.dense[r], alone.dense[0])

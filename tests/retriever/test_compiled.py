@@ -26,10 +26,10 @@ from retriever.compiled import (
     OnnxEncoder,
     ServedEncoder,
     export_onnx,
-    length_groups,
     load_encoder,
     write_encoder,
 )
+from retriever.windows import length_groups
 from tests.tiny import COMPILED_EAGER as EAGER
 from tests.tiny import MODEL_CONFIGS as CONFIGS
 from tests.tiny import TINY_ITEMS as N_ITEMS
@@ -130,8 +130,8 @@ def test_length_groups_are_contiguous_and_as_cheap_as_the_best_split() -> None:
         assert groups[-1][1] == n
         cost = sum(16 + (b - a) * max(lengths[b - 1], 1) for a, b in groups)
         assert cost == _brute_force_cost(lengths, 16)
-    assert length_groups(torch.tensor([50, 50, 50, 50]).numpy()) == [(0, 4)]  # equal lengths: one call
-    assert length_groups(torch.tensor([10, 12, 190, 200]).numpy()) == [(0, 2), (2, 4)]
+    assert length_groups(torch.tensor([50, 50, 50, 50]).numpy(), 16) == [(0, 4)]  # equal lengths: one call
+    assert length_groups(torch.tensor([10, 12, 190, 200]).numpy(), 16) == [(0, 2), (2, 4)]
 
 
 class _RowSums:
@@ -158,4 +158,4 @@ def test_a_mixed_batch_runs_in_length_groups_cut_to_their_longest_history_in_the
     assert sorted(fake.shapes) == [(3, 200), (4, 5)]  # the short rows apart, each call as wide as its longest
     single = _RowSums()
     OnnxEncoder(single)(ids[1:2])
-    assert single.shapes == [(1, 3)]
+    assert single.shapes == [(1, 200)]  # a lone history runs as it comes: nothing to group
