@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ranker.extras import Extras, extra_columns
-from retriever.windows import length_groups
+from retriever.windows import row_groups
 
 DENSE_FEATURES = (
     "retrieval_score",  # cosine of user and item vectors
@@ -275,26 +275,13 @@ def _similarity_features(dense: np.ndarray, vectors: np.ndarray, history: np.nda
                          hist_len: np.ndarray, cand_vec: np.ndarray) -> None:
     """The (B, N) cosines of each candidate with the history: max, mean, last item, mean of the last RECENT.
 
-    Rows go in groups of similar history length (`retriever.windows.length_groups`), each cut to its longest
+    Rows go in groups of similar history length (`retriever.windows.row_groups`), each cut to its longest
     history: a left-padded batch would otherwise multiply every candidate with every padding position too
     (histories of 50-200 items in one micro-batch: a third of this block's work). Padding adds nothing to any
     of the four, so a row's values do not depend on its group.
     """
-    if len(history) < 2 or hist_valid[:, 0].all():  # one request, or all fill the width: the batch as it comes
-        _similarity_block(dense, slice(None), vectors, history, hist_valid, hist_len, cand_vec)
-        return
-    lengths = hist_valid.sum(1)
-    width = history.shape[1]
-    if (lengths.max() - lengths.min()) * len(lengths) <= HISTORY_GROUP_COST:  # one group
-        cut = width - max(int(lengths.max()), 1)
-        _similarity_block(dense, slice(None), vectors, history[:, cut:], hist_valid[:, cut:], hist_len, cand_vec)
-        return
-    order = np.argsort(lengths, kind="stable")
-    groups = length_groups(lengths[order], HISTORY_GROUP_COST)
-    for start, end in groups:
-        rows = slice(None) if len(groups) == 1 else order[start:end]
-        cut = width - max(int(lengths[order[end - 1]]), 1)
-        _similarity_block(dense, rows, vectors, history[rows, cut:], hist_valid[rows, cut:], hist_len[rows],
+    for rows, first in row_groups(history, HISTORY_GROUP_COST):
+        _similarity_block(dense, rows, vectors, history[rows, first:], hist_valid[rows, first:], hist_len[rows],
                           cand_vec[rows])
 
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from retriever.atomic import atomic_write
 from retriever.model import Retriever
-from retriever.windows import length_groups
+from retriever.windows import row_groups
 
 ENCODER_FILE = "encoder.onnx"
 OPSET = 18
@@ -95,8 +95,8 @@ def session(model: bytes | Path, threads: int = 1) -> Any:
 class OnnxEncoder:
     """The compiled encoder: (B, T) int64 ids -> (B, D) float32 user vectors, as `ServedEncoder`.
 
-    A batch is run in groups of similar history length (`length_groups`), each cut to its longest history:
-    a left-padded batch costs its longest history for every row, and histories of 50-200 items in one
+    A batch is run in groups of similar history length (`retriever.windows.row_groups`), each cut to its longest
+    history: a left-padded batch costs its longest history for every row, and histories of 50-200 items in one
     micro-batch spent about 40 % of the encoder's time on padding. Every backbone's user vector is the same
     whatever left padding it gets (tests/retriever/test_backbones.py), so only the time changes.
     """
@@ -106,29 +106,20 @@ class OnnxEncoder:
 
     def __call__(self, item_ids: Tensor) -> Tensor:
         ids = np.ascontiguousarray(item_ids.numpy(), dtype=np.int64)
-        if len(ids) < 2 or ids[:, 0].all():  # one history, or all fill the width: the batch runs as it comes
-            return torch.from_numpy(self._run(ids, ids.shape[1]))
-        lengths = np.count_nonzero(ids, axis=1)
-        longest = int(lengths.max())
-        if (longest - int(lengths.min())) * len(ids) > CALL_COST:  # padding costs more than another call
-            return torch.from_numpy(self._grouped(ids, lengths))
-        return torch.from_numpy(self._run(ids, longest))
-
-    def _grouped(self, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        order = np.argsort(lengths, kind="stable")
+        groups = row_groups(ids, CALL_COST)
+        if len(groups) == 1:
+            return torch.from_numpy(self._run(ids[:, groups[0][1]:]))
         out: np.ndarray | None = None
-        for start, end in length_groups(lengths[order], CALL_COST):
-            rows = order[start:end]
-            got = self._run(ids[rows], int(lengths[rows[-1]]))
+        for rows, first in groups:
+            got = self._run(ids[rows, first:])
             if out is None:
                 out = np.empty((len(ids), got.shape[1]), dtype=got.dtype)
             out[rows] = got
         assert out is not None
-        return out
+        return torch.from_numpy(out)
 
-    def _run(self, ids: np.ndarray, width: int) -> np.ndarray:
-        """The rows cut to their last ``width`` columns (at least one: an empty history is one padding id)."""
-        return self.session.run(None, {"item_ids": np.ascontiguousarray(ids[:, ids.shape[1] - max(width, 1):])})[0]
+    def _run(self, ids: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"item_ids": np.ascontiguousarray(ids)})[0]
 
 
 CALL_COST = 16  # one ONNX Runtime call costs about as much as 16 more positions of one row (0.1 ms vs ~0.0055)

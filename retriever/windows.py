@@ -52,6 +52,25 @@ def length_groups(lengths: np.ndarray, call_cost: int) -> list[tuple[int, int]]:
     return groups[::-1]
 
 
+def row_groups(ids: np.ndarray, call_cost: int) -> list[tuple[slice | np.ndarray, int]]:
+    """How to run a (B, T) left-padded batch (0 = padding) in groups of similar history length: (rows, first
+    column) pairs, each group's rows to be run as ``ids[rows, first:]``, cut to its longest history by
+    `length_groups`. A lone history, a batch whose histories all fill the width, or one whose padding costs
+    less than another call is one group of every row (a slice: no copies)."""
+    n, width = ids.shape
+    if n < 2 or ids[:, 0].all():
+        return [(slice(None), 0)]
+    lengths = np.count_nonzero(ids, axis=1)
+    longest = int(lengths.max())
+    if (longest - int(lengths.min())) * n <= call_cost:
+        return [(slice(None), max(width - max(longest, 1), 0))]
+    order = np.argsort(lengths, kind="stable")
+    groups = length_groups(lengths[order], call_cost)
+    if len(groups) == 1:
+        return [(slice(None), max(width - max(longest, 1), 0))]
+    return [(order[start:end], max(width - max(int(lengths[order[end - 1]]), 1), 0)) for start, end in groups]
+
+
 def make_windows(offsets: np.ndarray, items: np.ndarray, max_len: int, mode: str = "all") -> np.ndarray:
     """(n_windows, max_len + 1) left-padded training windows.
 

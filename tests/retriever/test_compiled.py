@@ -29,7 +29,7 @@ from retriever.compiled import (
     load_encoder,
     write_encoder,
 )
-from retriever.windows import length_groups
+from retriever.windows import length_groups, row_groups
 from tests.tiny import COMPILED_EAGER as EAGER
 from tests.tiny import MODEL_CONFIGS as CONFIGS
 from tests.tiny import TINY_ITEMS as N_ITEMS
@@ -159,3 +159,17 @@ def test_a_mixed_batch_runs_in_length_groups_cut_to_their_longest_history_in_the
     single = _RowSums()
     OnnxEncoder(single)(ids[1:2])
     assert single.shapes == [(1, 200)]  # a lone history runs as it comes: nothing to group
+
+
+def test_row_groups_cut_each_group_to_its_longest_history_and_keep_one_group_a_slice() -> None:
+    ids = torch.zeros(5, 200, dtype=torch.long).numpy()
+    for row, length in enumerate([200, 3, 195, 5, 0]):
+        ids[row, 200 - length:] = 1
+    groups = row_groups(ids, 16)
+    assert [(sorted(rows.tolist()), first) for rows, first in groups] == [([1, 3, 4], 195), ([0, 2], 0)]
+    full = ids.copy()
+    full[:] = 1
+    assert row_groups(full, 16) == [(slice(None), 0)]  # every history fills the width: run as it comes
+    near = ids[[0, 2]]  # 200 and 195: padding (5 x 2) costs less than another call
+    assert row_groups(near, 16) == [(slice(None), 0)]
+    assert row_groups(ids[[1, 3]], 16) == [(slice(None), 195)]  # one group, cut to its longest (5)
