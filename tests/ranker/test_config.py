@@ -37,8 +37,8 @@ def test_the_commands_and_the_pipeline_take_the_same_defaults() -> None:
 
 
 def test_a_pipeline_config_is_held_to_the_bounds_the_cli_leaves_to_mining() -> None:
-    for bad in ({"depth": 5}, {"depth": 2001}, {"per_user": 0}, {"holdout_per_user": 1}, {"kind": "forest"}, {"extra": 1},
-                {"sources": ["retriever", "ease"]}, {"cooc_share": 1.5}):
+    for bad in ({"depth": 5}, {"depth": 2001}, {"per_user": 0}, {"holdout_per_user": 1}, {"kind": "forest"},
+                {"extra": 1}, {"sources": ["retriever", "ease"]}, {"cooc_share": 1.5}):
         with pytest.raises(ValidationError):
             RankerSection.model_validate(bad)
     assert RankerConfig(depth=5000).depth == 5000  # the CLI's --depth has no ceiling; mining checks the floor
