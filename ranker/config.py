@@ -22,7 +22,7 @@ TRAINABLE_KINDS: tuple[str, ...] = ("auto", "mlp", "lgbm")
 MINING: tuple[str, ...] = ("holdout", "direct")
 MIN_DEPTH = 10  # the metrics' largest cut-off: fewer candidates could not fill a top-10
 MAX_DEPTH = 2000  # a pipeline config's ceiling
-HOLDOUT_PER_USER = 2  # the holdout retriever never saw each user's last two training items
+HOLDOUT_PER_USER = 2  # by default the holdout retriever never sees each user's last two training items
 # Share of users whose second-to-last training item early-stops the holdout retriever; those items
 # are then no ranker training target (offline/jobs/holdout.py).
 HOLDOUT_STOP_SHARE = 0.2
@@ -36,7 +36,10 @@ class RankerConfig(BaseModel):
     kind: RankerKind = "auto"
     mining: Mining = "holdout"
     depth: int = 100  # candidates per group (N)
-    per_user: int = 3  # training targets per user (the most recent ones); HOLDOUT_PER_USER with holdout
+    per_user: int = 3  # training targets per user (the most recent ones) with direct mining
+    # With holdout mining: each user's last this many training items are what the holdout retriever never
+    # sees and the ranker's training targets (at least 2: the holdout retriever early-stops on the first of them)
+    holdout_per_user: int = Field(HOLDOUT_PER_USER, ge=2)
     # Candidate sources: the retriever's FAISS list alone, or merged with the item-to-item co-occurrence
     # list (`ranker.cooc.union`: the cooc source is offered round(cooc_share * depth) of the depth slots).
     sources: tuple[Source, ...] = ("retriever",)

@@ -15,7 +15,8 @@ reuses what is finished; OUT/results.{json,md} cover every finished seed under W
 
 ``--holdout-only --config C --seeds S,...`` trains only the holdout retrievers (from the YAML config,
 as the bench of retrievers resolves it), so they can train while the retrievers themselves do; a
-later run with ``--artifact`` reuses them when the configs agree.
+later run with ``--artifact`` reuses them when the configs agree. ``--holdout-per-user N`` mines with
+holdout retrievers that never saw each user's last N training items (`RankerConfig.holdout_per_user`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.tables import markdown_table
-from ranker.config import HOLDOUT_STOP_SHARE, RankerConfig
+from ranker.config import HOLDOUT_PER_USER, HOLDOUT_STOP_SHARE, RankerConfig
 from retriever.artifact import load_artifact
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
@@ -52,9 +53,11 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
     record_path = folder / "record.json"
     if record_path.exists():
         record: dict[str, Any] = json.loads(record_path.read_text())
-        if record["retriever_version"] == artifact.manifest.version and record["depth"] == config.depth:
+        if (record["retriever_version"] == artifact.manifest.version and record["depth"] == config.depth
+                and record["mining"].get("per_user", HOLDOUT_PER_USER) == config.holdout_per_user):
             return record
-        raise SeqrecError(f"{folder} holds seed {seed} of another retriever or depth; choose another --work")
+        raise SeqrecError(f"{folder} holds seed {seed} of another retriever, depth or --holdout-per-user; choose "
+                          f"another --work")
     from offline.jobs.rank import train_ranker
 
     retriever = folder / "retriever"
@@ -136,14 +139,16 @@ def results_table(summary: dict[str, Any]) -> str:
 def write_results(out: Path, records: list[dict[str, Any]], command: str) -> dict[str, Any]:
     summary = summarize_seeds(records)
     shares = summary["repeat_targets"] or {}
+    held = records[0].get("mining", {}).get("per_user", HOLDOUT_PER_USER)
+    early = "second-to-last training item" if held == 2 else f"training item {held} from the end"
     text = "\n".join([
         f"# Two-stage results: {len(records)} seed(s) {', '.join(map(str, summary['seeds']))}", "",
         f"Full ranking over all items, pessimistic ties, leave-one-out (test = last item, validation = the one "
         f"before). Repeat policy `{summary['repeats']}` (repeat targets: {shares.get('valid', 0):.1%} of "
         f"validation, {shares.get('test', 0):.1%} of test). Candidate depth {summary['depth']}: the retriever's "
         f"top {summary['depth']} (FAISS index) are re-ranked and a target outside them is a miss. Rankers: "
-        f"holdout mining (2 training targets per user from a sibling retriever that never saw them; it "
-        f"early-stops on {HOLDOUT_STOP_SHARE:.0%} of users, whose second-to-last training item is then no "
+        f"holdout mining ({held} training targets per user from a sibling retriever that never saw them; it "
+        f"early-stops on {HOLDOUT_STOP_SHARE:.0%} of users, whose {early} is then no "
         f"ranker target), `seqrec train-ranker` defaults, epoch / boosting round chosen on validation. "
         f"Cells: mean ± sample std over seeds (one seed: the value). `--kind auto` picks per seed: "
         f"{', '.join(summary['auto_choice'])}.", "",
@@ -161,21 +166,24 @@ def finished_records(work: Path) -> list[dict[str, Any]]:
 
 
 def train_holdouts(config_path: Path, seeds: list[int], data: PreparedDataset, work: Path,
-                   overrides: list[str]) -> None:
+                   overrides: list[str], per_user: int = HOLDOUT_PER_USER) -> None:
     """The holdout retrievers alone, from the YAML config (see the module docstring)."""
-    from offline.jobs.holdout import HOLDOUT, train_holdout_retriever
+    from offline.jobs.holdout import holdout_folder, train_holdout_retriever
     from retriever.config import load_config
     from retriever.repeats import resolve_repeats
 
     for seed in seeds:
         config = load_config(config_path, [*overrides, f"train.seed={seed}"])
         repeats = resolve_repeats(config.train.repeats, data.repeat_shares["valid"])
-        train_holdout_retriever(config, repeats, data, work / f"seed{seed}" / "mining" / HOLDOUT)
+        train_holdout_retriever(config, repeats, data, work / f"seed{seed}" / "mining" / holdout_folder(per_user),
+                                per_user)
 
 
 def command_line(args: argparse.Namespace) -> str:
     parts = ["seqrec bench two-stage", *(f"--artifact {a}" for a in args.artifact), f"--data {args.data}",
              f"--out {args.out}", f"--work {args.work}", f"--depth {args.depth}"]
+    if args.holdout_per_user != HOLDOUT_PER_USER:
+        parts.append(f"--holdout-per-user {args.holdout_per_user}")
     return " ".join(parts + ([f"--threads {args.threads}"] if args.threads else []))
 
 
@@ -183,17 +191,20 @@ def run_two_stage(args: argparse.Namespace) -> int:
     from offline.cli.common import set_threads
 
     set_threads(args.threads)
+    if args.holdout_per_user < 2:
+        raise SeqrecError(f"--holdout-per-user must be at least 2, got {args.holdout_per_user}")
     data = load_prepared(args.data)
     args.work = args.work or args.out / "runs"
     if args.holdout_only:
         if args.config is None or not args.seeds:
             raise SeqrecError("--holdout-only needs --config and --seeds")
         overrides = [f"train.threads={args.threads}"] if args.threads else []
-        train_holdouts(args.config, [int(s) for s in args.seeds.split(",")], data, args.work, overrides)
+        train_holdouts(args.config, [int(s) for s in args.seeds.split(",")], data, args.work, overrides,
+                       args.holdout_per_user)
         return 0
     if not args.artifact:
         raise SeqrecError("give one --artifact per seed (trained retrievers), or --holdout-only")
-    config = RankerConfig(depth=args.depth)
+    config = RankerConfig(depth=args.depth, holdout_per_user=args.holdout_per_user)
     for path in args.artifact:
         run_seed(path, data, args.work, config)
     result = write_results(args.out, finished_records(args.work), command_line(args))

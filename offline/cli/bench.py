@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from ranker.config import ranker_default
+
 SubParsers = argparse._SubParsersAction  # argparse exposes no public name for it
 DEVICES = ["auto", "cpu", "cuda"]
 
@@ -258,6 +260,8 @@ def _add_two_stage(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     two.add_argument("--work", type=Path, default=None,
                      help="folder for the bundles, mined groups and per-seed records (default OUT/runs)")
     two.add_argument("--depth", type=int, default=100, help="candidates mined, re-ranked and evaluated (N)")
+    two.add_argument("--holdout-per-user", type=int, default=ranker_default("holdout_per_user"),
+                     help="training items per user the holdout retriever never sees (the rankers' targets)")
     two.add_argument("--holdout-only", action="store_true",
                      help="only train the holdout retrievers of --config for --seeds (reused by a later run)")
     two.add_argument("--config", type=Path, default=None, help="with --holdout-only: the retrievers' YAML config")

@@ -28,6 +28,12 @@ def _add_group_size(p: argparse.ArgumentParser, *, depth_help: str, per_user_hel
     p.add_argument("--per-user", type=int, default=ranker_default("per_user"), help=per_user_help)
 
 
+def _add_holdout_per_user(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--holdout-per-user", type=int, default=ranker_default("holdout_per_user"),
+                   help="holdout mining: training items per user the holdout retriever never sees, each one a "
+                   "training target (at least 2; --per-user counts for direct mining only)")
+
+
 def add_mine_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "mine", parents=[common], help="mine hard negatives from a retriever for the ranker",
@@ -43,8 +49,10 @@ def add_mine_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
                     per_user_help="training targets per user (the most recent ones)")
     # Unlike train-ranker, mining alone is direct unless asked: a holdout retriever costs a training run.
     p.add_argument("--holdout", action="store_true",
-                   help="mine the training groups with a sibling retriever trained without each user's last two "
-                   "training items (kept in OUT/holdout-retriever), so they look like the validation and test groups")
+                   help="mine the training groups with a sibling retriever trained without each user's last "
+                   "--holdout-per-user training items (kept in OUT/holdout-retriever), so they look like the "
+                   "validation and test groups")
+    _add_holdout_per_user(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
     p.set_defaults(handler=_mine)
 
@@ -56,7 +64,11 @@ def _mine(args: argparse.Namespace) -> int:
     from retriever.artifact import load_artifact
 
     set_threads(args.threads)
-    config = RankerConfig(mining="holdout" if args.holdout else "direct", depth=args.depth, per_user=args.per_user)
+    try:
+        config = RankerConfig(mining="holdout" if args.holdout else "direct", depth=args.depth,
+                              per_user=args.per_user, holdout_per_user=args.holdout_per_user)
+    except ValidationError as err:
+        raise SeqrecError(validation_message(err)) from None
     data = load_prepared(args.data)
     artifact = load_artifact(args.artifact)
     check_catalogue(artifact, data)
@@ -83,7 +95,8 @@ def add_train_ranker_parser(sub: Subparsers, common: argparse.ArgumentParser) ->
     p.add_argument("--mined", type=Path, default=None,
                    help="`seqrec mine` output to reuse, or where to mine to (default with holdout: BUNDLE.mining)")
     _add_group_size(p, depth_help="candidates per group when mining (N)",
-                    per_user_help="training targets per user when mining")
+                    per_user_help="training targets per user when mining directly")
+    _add_holdout_per_user(p)
     c = p.add_argument_group("candidate sources and extra features")
     c.add_argument("--sources", type=_names, default=ranker_default("sources"),
                    help="comma-separated candidate sources: retriever (the FAISS list) and cooc (the item-to-item "
@@ -114,7 +127,8 @@ def _train_ranker(args: argparse.Namespace) -> int:
         raise SeqrecError(f"--id-dropout must be in [0, 1), got {args.id_dropout}")
     try:
         config = RankerConfig(kind=args.kind, mining=args.mining, depth=args.depth, per_user=args.per_user,
-                              sources=args.sources, cooc_share=args.cooc_share, features=args.features)
+                              holdout_per_user=args.holdout_per_user, sources=args.sources,
+                              cooc_share=args.cooc_share, features=args.features)
     except ValidationError as err:
         raise SeqrecError(validation_message(err)) from None
     data = load_prepared(args.data)

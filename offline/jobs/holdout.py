@@ -4,15 +4,16 @@ The bundle's retriever has trained on every training position, so on those posit
 far more confident than on the unseen validation and test targets (Beauty: recall@100 0.73 on
 its own training targets against 0.29 on validation). A ranker mined from it learns to trust
 the retrieval score too much. The holdout retriever is the bundle's config trained on the
-training sequences without each user's last two items; both become the ranker's training
-targets (``HOLDOUT_PER_USER``), and their candidates look like those served.
+training sequences without each user's last ``per_user`` items (`RankerConfig.holdout_per_user`,
+default ``HOLDOUT_PER_USER`` = 2); they become the ranker's training targets, and their candidates
+look like those served.
 
 Early stopping must not look at a ranker training target either, or the holdout model's epoch
 is chosen on the very items the ranker then learns from. So the holdout retriever early-stops
-on the second-to-last training item of a fixed random share of users (``HOLDOUT_STOP_SHARE``,
-drawn with the config's seed, as ``train.eval_users`` draws its sample), and those users'
-second-to-last items are left out of the ranker's training groups (`early_stop_positions`);
-their last training items, which the holdout model neither trained nor early-stopped on, stay.
+on the first held-out item (the ``per_user``-th last training item) of a fixed random share of users
+(``HOLDOUT_STOP_SHARE``, drawn with the config's seed, as ``train.eval_users`` draws its sample), and
+those items are left out of the ranker's training groups (`early_stop_positions`); the later held-out
+items, which the holdout model neither trained nor early-stopped on, stay.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from offline.data.prepared import PreparedDataset
 from offline.jobs.train import evaluation_rows
-from ranker.config import HOLDOUT_STOP_SHARE
+from ranker.config import HOLDOUT_PER_USER, HOLDOUT_STOP_SHARE
 from retriever.artifact import RetrieverArtifact, load_artifact
 from retriever.config import RunConfig
 from retriever.errors import SeqrecError
@@ -35,26 +36,38 @@ log = logging.getLogger(__name__)
 HOLDOUT = "holdout-retriever"
 
 
-def holdout_users(data: PreparedDataset) -> np.ndarray:
-    """Rows of ``data``'s users that the holdout dataset keeps (enough training items for its own split)."""
+def holdout_folder(per_user: int = HOLDOUT_PER_USER) -> str:
+    """The holdout retriever's folder name in a mining folder: ``HOLDOUT`` for the default ``per_user``
+    (every earlier release's name), ``HOLDOUT-N`` for another, so one is never reused for the other."""
+    return HOLDOUT if per_user == HOLDOUT_PER_USER else f"{HOLDOUT}-{per_user}"
+
+
+def holdout_users(data: PreparedDataset, per_user: int = HOLDOUT_PER_USER) -> np.ndarray:
+    """Rows of ``data``'s users that the holdout dataset keeps (enough training items for its own split
+    once the last ``per_user`` are held out)."""
     from offline.data.split import MIN_LENGTH
 
-    return np.flatnonzero(data.split().train.lengths >= MIN_LENGTH)
+    return np.flatnonzero(data.split().train.lengths - (per_user - 2) >= MIN_LENGTH)
 
 
-def holdout_data(data: PreparedDataset) -> PreparedDataset:
+def holdout_data(data: PreparedDataset, per_user: int = HOLDOUT_PER_USER) -> PreparedDataset:
     """The training sequences as a dataset of their own: its split trains on all but each user's
-    last two training items, validates on the second-to-last, tests on the last."""
+    last ``per_user`` training items, validates on the first of them and tests on the next (the items
+    after those are held out by being cut off)."""
     from dataclasses import replace
 
     from offline.data.sequences import Sequences
     from offline.data.split import MIN_LENGTH
 
+    if per_user < 2:
+        raise SeqrecError(f"holdout mining holds out at least 2 training items per user, got {per_user}")
     train = data.split().train
-    keep = holdout_users(data)
+    keep = holdout_users(data, per_user)
     if len(keep) == 0:
-        raise SeqrecError(f"no user of {data.path} has {MIN_LENGTH} or more training items for holdout mining")
-    rows = Sequences.from_lists([train.row(int(u)).tolist() for u in keep])
+        raise SeqrecError(f"no user of {data.path} has {MIN_LENGTH + per_user - 2} or more training items for "
+                          f"holdout mining of {per_user} per user")
+    cut = per_user - 2
+    rows = Sequences.from_lists([train.row(int(u))[: len(train.row(int(u))) - cut].tolist() for u in keep])
     return replace(data, sequences=rows, user_ids=data.user_ids[keep])
 
 
@@ -73,13 +86,14 @@ def holdout_config(config: RunConfig, repeats: str, n_users: int) -> RunConfig:
         "repeats": repeats, "eval_users": stop_users(n_users, train.eval_users)})})
 
 
-def train_holdout_retriever(config: RunConfig, repeats: str, data: PreparedDataset, out: Path) -> RetrieverArtifact:
+def train_holdout_retriever(config: RunConfig, repeats: str, data: PreparedDataset, out: Path,
+                            per_user: int = HOLDOUT_PER_USER) -> RetrieverArtifact:
     """Train (or reuse, or resume in) ``out`` the holdout retriever of a bundle trained with ``config``
     (as resolved in its artifact, or as loaded from its YAML: training resolves the same) under
-    policy ``repeats`` on ``data``."""
+    policy ``repeats`` on ``data`` without each user's last ``per_user`` training items."""
     from offline.jobs.train import train_retriever
 
-    inner = holdout_data(data)
+    inner = holdout_data(data, per_user)
     wanted = holdout_config(config, repeats, inner.n_users)
     if (out / "manifest.json").exists():
         holdout = load_artifact(out)
@@ -101,15 +115,17 @@ def _comparable(config: RunConfig) -> dict[str, Any]:
     return raw
 
 
-def early_stop_positions(data: PreparedDataset, holdout: RetrieverArtifact) -> np.ndarray:
-    """Absolute positions in ``data.split().train.items`` of the targets the holdout retriever
-    early-stopped on: each sampled user's second-to-last training item (from the holdout
-    artifact's own config, so a holdout model from any release is read right)."""
-    keep = holdout_users(data)
+def early_stop_positions(data: PreparedDataset, holdout: RetrieverArtifact,
+                         per_user: int = HOLDOUT_PER_USER) -> np.ndarray:
+    """Absolute positions in ``data.split().train.items`` of the targets the holdout retriever (trained
+    without each user's last ``per_user`` training items) early-stopped on: each sampled user's
+    ``per_user``-th last training item (the sample from the holdout artifact's own config, so a holdout
+    model from any release is read right)."""
+    keep = holdout_users(data, per_user)
     train = holdout.config.train
     rows = evaluation_rows(len(keep), train.eval_users, train.seed)
     users = keep[rows]
-    return data.split().train.offsets[users + 1] - 2
+    return data.split().train.offsets[users + 1] - per_user
 
 
 def without_early_stop_targets(start: np.ndarray, target_pos: np.ndarray,

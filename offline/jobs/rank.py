@@ -20,7 +20,12 @@ import torch
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.evaluation.evaluate import EVAL_KS, summarize
-from offline.jobs.holdout import HOLDOUT, early_stop_positions, train_holdout_retriever, without_early_stop_targets
+from offline.jobs.holdout import (
+    early_stop_positions,
+    holdout_folder,
+    train_holdout_retriever,
+    without_early_stop_targets,
+)
 from offline.jobs.train import check_catalogue, item_feature_matrix
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
 from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, RankerConfig
@@ -114,8 +119,8 @@ def split_sources(split: LeaveOneOut) -> dict[str, np.ndarray]:
 
 def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: RankerConfig | None = None, *,
                 batch_size: int = 512, holdout: RetrieverArtifact | None = None) -> dict[str, Mined]:
-    """Groups for train (from ``holdout`` when given: each user's last two training targets, less those
-    the holdout retriever early-stopped on), valid, test."""
+    """Groups for train (from ``holdout`` when given: each user's last ``config.holdout_per_user`` training
+    targets, less those the holdout retriever early-stopped on), valid, test."""
     config = config or RankerConfig()
     depth = config.depth
     if artifact.index is None:
@@ -126,7 +131,8 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: Rank
     train_start, train_target_pos = training_groups(split.train.offsets, _per_user(config, holdout))
     if holdout is not None:
         train_start, train_target_pos = without_early_stop_targets(train_start, train_target_pos,
-                                                                   early_stop_positions(data, holdout))
+                                                                   early_stop_positions(data, holdout,
+                                                                                        config.holdout_per_user))
     test_inputs = split.inputs("test")
     plans = {
         "train": (split.train.items, train_start, train_target_pos, split.train.items[train_target_pos]),
@@ -146,8 +152,8 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: Rank
 
 
 def _per_user(config: RankerConfig, holdout: RetrieverArtifact | None) -> int:
-    """Training targets per user: the holdout retriever held out exactly HOLDOUT_PER_USER of them."""
-    return HOLDOUT_PER_USER if holdout is not None else config.per_user
+    """Training targets per user: with holdout mining, exactly the ones the holdout retriever held out."""
+    return config.holdout_per_user if holdout is not None else config.per_user
 
 
 def mining_record(mined: dict[str, Mined], config: RankerConfig, holdout: RetrieverArtifact | None,
@@ -189,9 +195,10 @@ def load_mined(folder: Path, artifact: RetrieverArtifact) -> tuple[dict[str, Min
                           f"follows {artifact.manifest.repeats}; mine again")
     holdout = None
     if info.get("train_mined_by") == "holdout":
-        holdout = load_artifact(folder / HOLDOUT)
+        inner = folder / holdout_folder(int(info.get("per_user", HOLDOUT_PER_USER)))
+        holdout = load_artifact(inner)
         if holdout.manifest.version != info.get("holdout_version"):
-            raise SeqrecError(f"{folder / HOLDOUT} is not the holdout retriever these groups were mined with")
+            raise SeqrecError(f"{inner} is not the holdout retriever these groups were mined with")
     return {name: Mined.load(folder / f"{name}.npz") for name in SPLITS}, info, holdout
 
 
@@ -200,7 +207,8 @@ def mine_to(folder: Path, artifact: RetrieverArtifact, data: PreparedDataset,
     """Mine into ``folder`` (training the holdout retriever under it first, when the config asks)."""
     miner = None
     if config.holdout:
-        miner = train_holdout_retriever(artifact.config, artifact.manifest.repeats, data, folder / HOLDOUT)
+        miner = train_holdout_retriever(artifact.config, artifact.manifest.repeats, data,
+                                        folder / holdout_folder(config.holdout_per_user), config.holdout_per_user)
     mined = mine_splits(artifact, data, config, holdout=miner)
     return mined, save_mined(mined, folder, artifact, config, miner), miner
 
@@ -298,13 +306,17 @@ def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDatas
     if config.holdout and mined_dir is None:
         mined_dir = default_mining_dir(bundle)
     if mined_dir is not None and (mined_dir / "mined.json").exists():
-        mined, _, miner = load_mined(mined_dir, artifact)
+        mined, info, miner = load_mined(mined_dir, artifact)
         if config.holdout != (miner is not None):
             raise SeqrecError(f"{mined_dir} was mined {'with' if miner else 'without'} the holdout retriever; "
                               f"choose another --mined folder or --mining {'holdout' if miner else 'direct'}")
+        if miner is not None and int(info.get("per_user", HOLDOUT_PER_USER)) != config.holdout_per_user:
+            raise SeqrecError(f"{mined_dir} holds out {info.get('per_user', HOLDOUT_PER_USER)} training items per "
+                              f"user, not {config.holdout_per_user}; choose another --mined folder")
         if miner is not None:  # folders mined before the early-stopping rule still hold those targets
             train = mined["train"]
-            kept, _ = without_early_stop_targets(np.arange(len(train)), train.end, early_stop_positions(data, miner))
+            kept, _ = without_early_stop_targets(np.arange(len(train)), train.end,
+                                                 early_stop_positions(data, miner, config.holdout_per_user))
             if len(kept) < len(train):
                 log.warning("%s: left out %d training groups whose target early-stopped the holdout retriever",
                             mined_dir, len(train) - len(kept))

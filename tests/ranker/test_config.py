@@ -23,7 +23,8 @@ def test_the_commands_and_the_pipeline_take_the_same_defaults() -> None:
         config.sources, config.cooc_share, config.features)
     mine = _defaults("mine")
     for flags in (mine, train_ranker):
-        assert (flags["depth"], flags["per_user"]) == (config.depth, config.per_user)
+        assert (flags["depth"], flags["per_user"], flags["holdout_per_user"]) == (
+            config.depth, config.per_user, config.holdout_per_user)
     assert mine["holdout"] is False  # `seqrec mine` alone mines directly unless asked
     mlp = MLPConfig(n_items=1, n_meta=1, n_year_buckets=1, dim=1)
     assert {k: train_ranker[k] for k in ("loss", "id_dropout", "epochs", "lr", "seed")} == {
@@ -31,13 +32,13 @@ def test_the_commands_and_the_pipeline_take_the_same_defaults() -> None:
     section = PipelineConfig.model_validate({"name": "x", "data": {"dataset": "synthetic"}, "retriever": "r.yaml"})
     assert section.ranker == RankerSection()
     assert section.ranker.model_dump() == config.model_dump() == {
-        "kind": "auto", "mining": "holdout", "depth": 100, "per_user": 3, "sources": ("retriever",),
-        "cooc_share": 0.25, "features": ()}
+        "kind": "auto", "mining": "holdout", "depth": 100, "per_user": 3, "holdout_per_user": 2,
+        "sources": ("retriever",), "cooc_share": 0.25, "features": ()}
 
 
 def test_a_pipeline_config_is_held_to_the_bounds_the_cli_leaves_to_mining() -> None:
-    for bad in ({"depth": 5}, {"depth": 2001}, {"per_user": 0}, {"kind": "forest"}, {"extra": 1},
-                {"sources": ["retriever", "ease"]}, {"cooc_share": 1.5}):
+    for bad in ({"depth": 5}, {"depth": 2001}, {"per_user": 0}, {"holdout_per_user": 1}, {"kind": "forest"},
+                {"extra": 1}, {"sources": ["retriever", "ease"]}, {"cooc_share": 1.5}):
         with pytest.raises(ValidationError):
             RankerSection.model_validate(bad)
     assert RankerConfig(depth=5000).depth == 5000  # the CLI's --depth has no ceiling; mining checks the floor

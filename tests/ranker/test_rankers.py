@@ -207,33 +207,42 @@ def test_cli_errors_are_one_line(bundle: Path, prepared: Path, tmp_path: Path, c
     assert "holds no ranker" in capsys.readouterr().err
     assert main(["train-ranker", "--artifact", str(bundle), "--data", str(prepared), "--id-dropout", "1.5"]) == 1
     assert "--id-dropout" in capsys.readouterr().err
+    for command in ("train-ranker", "mine"):
+        assert main([command, "--artifact", str(bundle), "--data", str(prepared), "--holdout-per-user", "1",
+                     *(["--out", str(tmp_path / "m1")] if command == "mine" else [])]) == 1
+        assert "holdout_per_user" in capsys.readouterr().err
     assert main(["mine", "--artifact", str(tmp_path / "nope"), "--data", str(prepared), "--out",
                  str(tmp_path / "m")]) == 1
     assert "no such artifact" in capsys.readouterr().err
 
 
-def test_holdout_retriever_never_trains_on_the_ranker_training_targets(prepared: Path) -> None:
-    from offline.jobs.holdout import holdout_data
+@pytest.mark.parametrize("per_user", [2, 4])
+def test_holdout_retriever_never_trains_on_the_ranker_training_targets(prepared: Path, per_user: int) -> None:
+    from offline.jobs.holdout import holdout_data, holdout_users
     from ranker.mining import training_groups
 
     data = load_prepared(prepared)
     train = data.split().train
-    inner = holdout_data(data).split()
-    _, pos = training_groups(train.offsets, per_user=2)
+    inner = holdout_data(data, per_user).split()
+    kept = holdout_users(data, per_user)
+    assert len(kept) == int((train.lengths >= per_user + 1).sum()) > 0
+    _, pos = training_groups(train.offsets, per_user=per_user)
     users = np.searchsorted(train.offsets, pos, side="right") - 1
-    for u in range(len(train)):  # every synthetic user has >= 3 training items here
+    for i, u in enumerate(kept):
         row = train.row(u).tolist()
-        assert inner.train.row(u).tolist() == row[:-2]  # what the holdout retriever learns from
-        assert [int(train.items[p]) for p in pos[users == u]] == [row[-1], row[-2]][: len(pos[users == u])]
-    assert inner.valid_targets.tolist() == [train.row(u)[-2] for u in range(len(train))]
+        assert inner.train.row(i).tolist() == row[:-per_user]  # what the holdout retriever learns from
+        assert inner.valid_targets[i] == row[-per_user]  # what it early-stops on
+        assert [int(train.items[p]) for p in pos[users == u]] == row[::-1][:per_user]  # the ranker's targets
+    assert len(kept) < len(train) or per_user == 2  # users too short to hold out 4 are left out, not cut short
 
 
+@pytest.mark.parametrize("per_user", [2, 4])
 def test_no_ranker_training_target_drives_the_holdout_retrievers_early_stopping(
-        bundle: Path, prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        bundle: Path, prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_user: int) -> None:
     """Every validation example of the holdout retriever while it trains is recorded (a spy on the
     validation function itself) and must not come back as a mined training group. An example is
-    named by the user's whole training sequence and its target's place in it; users with the same
-    sequence are told apart by counting: per name, validated + mined <= users with that sequence."""
+    named by its history and target (the first items of a user's training sequence); users who share
+    them are told apart by counting: per name, validated + mined <= users whose sequence starts so."""
     from collections import Counter
 
     import offline.jobs.train as train_job
@@ -242,33 +251,36 @@ def test_no_ranker_training_target_drives_the_holdout_retrievers_early_stopping(
     data = load_prepared(prepared)
     train = data.split().train
     rows = [tuple(train.row(u).tolist()) for u in range(len(train))]
-    validated: Counter[tuple[tuple[int, ...], int]] = Counter()
+    validated: Counter[tuple[int, ...]] = Counter()  # history + (target,)
     real = train_job.dense_metrics
 
     def spy(model, split, n_items, max_len, splits=("valid", "test"), *args, **kwargs):  # type: ignore[no-untyped-def]
         if splits == ("valid",):  # the early-stopping call, once per validated epoch: keep the last
             validated.clear()
-            validated.update((tuple(split.full.row(u).tolist()), len(split.inputs("valid").row(u)))
+            validated.update((*split.inputs("valid").row(u).tolist(), int(split.valid_targets[u]))
                              for u in range(len(split.full)))
         return real(model, split, n_items, max_len, splits, *args, **kwargs)
 
     monkeypatch.setattr(train_job, "dense_metrics", spy)
     mined, info, holdout = mine_to(tmp_path / "mined", load_artifact(bundle), data,
-                                   RankerConfig(depth=20, mining="holdout"))
+                                   RankerConfig(depth=20, mining="holdout", holdout_per_user=per_user))
     assert holdout is not None
     assert validated
     user = np.searchsorted(train.offsets, mined["train"].end, side="right") - 1
     assert np.array_equal(train.items[mined["train"].end], mined["train"].target)
-    groups = Counter((rows[u], int(e - train.offsets[u])) for u, e in zip(user, mined["train"].end, strict=True))
-    users_with = Counter(rows)
-    assert all(groups[name] + n <= users_with[name[0]] for name, n in validated.items())
-    # Not vacuous: every user's last training target is a group, and so is the second-to-last of
-    # every user the holdout retriever did not early-stop on.
+    groups = Counter(rows[u][: e - train.offsets[u] + 1] for u, e in zip(user, mined["train"].end, strict=True))
+    starting = Counter(r[: len(name)] for r in rows for name in validated if len(r) >= len(name))
+    assert all(groups[name] + n <= starting[name] for name, n in validated.items())
+    # Not vacuous: each user's last per_user training targets (those with a history before them) are
+    # groups, less the one each early-stopping user's holdout retriever validated on.
     stopped = sum(validated.values())
     assert 0 < stopped < len(train)
     assert info["holdout_early_stop_users"] == stopped
-    assert len(mined["train"]) == 2 * len(train) - stopped
-    assert all(groups[(r, len(r) - 1)] == n for r, n in users_with.items())
+    assert info["per_user"] == per_user
+    assert len(mined["train"]) == int(np.minimum(train.lengths - 1, per_user).sum()) - stopped
+    assert all(groups[r] >= n for r, n in Counter(rows).items())  # every last training item
+    # and what it early-stopped on is the per_user-th last training item (of a user whose sequence starts so)
+    assert all(any(r[: len(name)] == name and len(r) - len(name) == per_user - 1 for r in rows) for name in validated)
 
 
 def test_cli_holdout_mining_and_auto_selection(bundle: Path, prepared: Path, tmp_path: Path,
@@ -299,6 +311,10 @@ def test_cli_holdout_mining_and_auto_selection(bundle: Path, prepared: Path, tmp
     assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--mined",
                  str(tmp_path / "direct"), "-q"]) == 1
     assert "without the holdout retriever" in capsys.readouterr().err
+    # Nor a folder that held out another number of items per user.
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--holdout-per-user", "3",
+                 "--kind", "lgbm", "-q"]) == 1
+    assert "holds out 2 training items per user, not 3" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("repeats", ["auto", "exclude"])

@@ -40,7 +40,14 @@ def test_results_are_written_into_an_out_folder_nothing_made_yet(tmp_path: Path)
     out = tmp_path / "not" / "made"
     write_results(out, [_record(42, 0.1)], "seqrec bench two-stage ...")
     assert json.loads((out / "results.json").read_text())["seeds"] == [42]
-    assert "Reproduce: `seqrec bench two-stage ...`" in (out / "results.md").read_text()
+    text = (out / "results.md").read_text()
+    assert "Reproduce: `seqrec bench two-stage ...`" in text
+    assert "holdout mining (2 training targets per user" in text
+    assert "second-to-last training item" in text
+    write_results(out, [{**_record(42, 0.1), "mining": {"per_user": 5}}], "seqrec bench two-stage ...")
+    text = (out / "results.md").read_text()
+    assert "holdout mining (5 training targets per user" in text
+    assert "training item 5 from the end" in text
 
 
 @pytest.mark.slow
@@ -83,3 +90,7 @@ def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_fi
     capsys.readouterr()
     assert main(args) == 0
     assert json.loads((out / "results.json").read_text())["rows"] == result["rows"]
+    # Nor does it pass off these groups as mined with another --holdout-per-user.
+    capsys.readouterr()
+    assert main([*args, "--holdout-per-user", "3"]) == 1
+    assert "--holdout-per-user" in capsys.readouterr().err
