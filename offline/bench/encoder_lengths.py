@@ -105,7 +105,8 @@ def to_markdown(report: dict[str, Any]) -> str:
     body = [[r["batch"], r["padded_ms"], r["grouped_ms"], r["speedup"], f"{r['max_abs_diff']:.1e}",
              r["cosines_padded_ms"], r["cosines_grouped_ms"], r["cosines_speedup"],
              "yes" if r["cosines_identical"] else "NO"] for r in report["rows"]]
-    return "\n".join([f"# The compiled encoder and the history cosines on mixed history lengths: {report['bundle']}", "",
+    title = f"# The compiled encoder and the history cosines on mixed history lengths: {report['bundle']}"
+    return "\n".join([title, "",
                       f"{report['requests']} histories of {lo}-{hi} random catalogue items cut to the model's window "
                       f"({report['max_len']}), in batches; both paths alternate on the same batches "
                       f"({report['rounds']} rounds), in one process on one thread; the cosines over each history's "
