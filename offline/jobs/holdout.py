@@ -66,8 +66,8 @@ def holdout_data(data: PreparedDataset, per_user: int = HOLDOUT_PER_USER) -> Pre
     if len(keep) == 0:
         raise SeqrecError(f"no user of {data.path} has {MIN_LENGTH + per_user - 2} or more training items for "
                           f"holdout mining of {per_user} per user")
-    cut = per_user - 2
-    rows = Sequences.from_lists([train.row(int(u))[: len(train.row(int(u))) - cut].tolist() for u in keep])
+    ends = train.lengths[keep] - (per_user - 2)  # the items after the split's own two are cut off
+    rows = Sequences.from_lists([train.row(int(u))[:end].tolist() for u, end in zip(keep, ends, strict=True)])
     return replace(data, sequences=rows, user_ids=data.user_ids[keep])
 
 
