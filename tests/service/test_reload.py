@@ -5,6 +5,7 @@ is refused with the reason (409) and the old one keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import time
@@ -195,14 +196,21 @@ def test_every_worker_follows_a_publish_under_load(artifacts: Artifacts,
 
         async def scenario() -> tuple[list[httpx.Response], dict[int, str]]:
             done = asyncio.Event()
+            switched = asyncio.Event()  # both workers were seen serving v2
+            # each loader's first answer to a request sent after that: the load must outlast the switch, or on a
+            # slow machine every request answered "during" may have been sent before it
+            sent_after = [asyncio.Event() for _ in range(4)]
             async with api.async_client() as session:
 
                 async def load(n: int) -> list[httpx.Response]:
                     answers: list[httpx.Response] = []
                     while not done.is_set():
+                        late = switched.is_set()
                         body = {"history": [f"i{1 + (n + len(answers)) % 30}", "i40"], "k": 5}
                         answers.append(await session.post("/recommend", json=body,
                                                           headers={"Connection": "close"}))
+                        if late:
+                            sent_after[n].set()
                     return answers
 
                 loaders = [asyncio.create_task(load(n)) for n in range(4)]
@@ -214,6 +222,9 @@ def test_every_worker_follows_a_publish_under_load(artifacts: Artifacts,
                     after = await asyncio.to_thread(versions)
                     if set(after.values()) == {v2}:
                         break
+                switched.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in sent_after)), 30)
                 done.set()
                 return [r for answers in await asyncio.gather(*loaders) for r in answers], after
 
