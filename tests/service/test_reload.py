@@ -200,6 +200,7 @@ def test_every_worker_follows_a_publish_under_load(artifacts: Artifacts,
             # each loader's first answer to a request sent after that: the load must outlast the switch, or on a
             # slow machine every request answered "during" may have been sent before it
             sent_after = [asyncio.Event() for _ in range(4)]
+            answered = [asyncio.Event() for _ in range(4)]  # each loader has an answer from before the publish
             async with api.async_client() as session:
 
                 async def load(n: int) -> list[httpx.Response]:
@@ -209,12 +210,15 @@ def test_every_worker_follows_a_publish_under_load(artifacts: Artifacts,
                         body = {"history": [f"i{1 + (n + len(answers)) % 30}", "i40"], "k": 5}
                         answers.append(await session.post("/recommend", json=body,
                                                           headers={"Connection": "close"}))
+                        answered[n].set()
                         if late:
                             sent_after[n].set()
                     return answers
 
                 loaders = [asyncio.create_task(load(n)) for n in range(4)]
                 await asyncio.sleep(0.3)
+                with contextlib.suppress(TimeoutError):  # a slow machine's first answers may take longer
+                    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in answered)), 30)
                 point_current(artifacts.root, artifacts.v2)
                 after: dict[int, str] = {}
                 for _ in range(40):  # up to 10 s
