@@ -134,7 +134,7 @@ def against_serve(report: dict[str, Any], serve: dict[str, Any], cores: int) -> 
             "encoder_cores_at_peak": round(rate * report["encoder_mflop"] * 1e6 / (report["gemm_gflops"] * 1e9), 2)}
 
 
-def to_markdown(reports: list[dict[str, Any]]) -> str:
+def to_markdown(reports: list[dict[str, Any]], serve: str | None = None) -> str:
     head = ["bundle", "window", "mean history", "encoder", "encoder MFLOP/request (matmuls)", "batch",
             "encoder CPU ms/request", "encoder GFLOP/s", "model path CPU ms/request", "core's peak GFLOP/s"]
     body = [[r["name"], r["max_len"], r["mean_history"], r["encoder"], r["encoder_mflop"], row["batch"],
@@ -152,8 +152,8 @@ def to_markdown(reports: list[dict[str, Any]]) -> str:
              markdown_table(head, body)]
     needs = [(r["name"], r["serve"]) for r in reports if r.get("serve")]
     if needs:
-        lines += ["", "At half the no-op app's highest rate (the target of issue 27), from the `seqrec bench serve` "
-                  "run named below: the cores the model path alone needs at its batch-32 cost, and the encoder alone "
+        lines += ["", f"At half the no-op app's highest rate (the target of issue 27), from the `seqrec bench serve` "
+                  f"run in `{serve}`: the cores the model path alone needs at its batch-32 cost, and the encoder alone "
                   "at the measured speed and at the core's peak.", "",
                   markdown_table(["bundle", "no-op highest rate", "half of it", "seqrec highest rate",
                                   "model path cores", "encoder cores", "encoder cores at peak", "machine cores"],
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ceiling.json").write_text(json.dumps({"serve": None if args.serve is None else str(args.serve),
                                                        "bundles": reports}, indent=2))
-    text = to_markdown(reports)
+    text = to_markdown(reports, None if args.serve is None else os.path.relpath(args.serve, args.out))
     (args.out / "ceiling.md").write_text(text)
     print(text)
     return 0

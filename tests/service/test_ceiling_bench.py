@@ -39,6 +39,7 @@ def test_the_report_states_the_costs_and_the_cores_at_half_the_noop_rate(bundle:
     assert needs["model_cores"] == round(50.0 * report["rows"][-1]["model_ms"] / 1000, 2)
     text = (out / "ceiling.md").read_text()
     assert f"| {bundle.name} | 100.0 | 50.0 | 20.0 |" in text
+    assert "run in `../serve.json`" in text  # the serve file, named from the output folder
 
 
 def test_a_serve_file_without_the_bundle_adds_nothing_and_an_unreadable_one_is_refused(bundle: Path,
