@@ -52,6 +52,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `seqrec` command on ``argv`` (default: this process's arguments); returns its exit status.
+
+    As the program itself (no ``argv``) in a torchrun worker, it does not return: once the command is done
+    (every artifact written, the process group destroyed) the worker leaves without the interpreter's teardown.
+    There, gloo's native threads have aborted finished workers ("terminate called without an active exception",
+    exit -6): once a clean-clone CI run of `torchrun ... train --distributed` failed that way after its artifact
+    was written, and twice another torchrun worker of the tests.
+    """
+    code = _run(argv)
+    if argv is None and "RANK" in os.environ:
+        from retriever.distributed import Distributed
+
+        if Distributed.from_env() is not None:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "overrides", False):

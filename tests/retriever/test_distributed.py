@@ -179,18 +179,23 @@ if __name__ == "__main__":
     os._exit(0)
 
 
+ENTRIES = {"module": "import runpy; runpy.run_module('offline.cli', run_name='__main__', alter_sys=True)",
+           "script": "import sys; from offline.cli import main; sys.exit(main())"}  # as the `seqrec` script does
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
 @pytest.mark.parametrize("torchrun", [True, False])
-def test_a_torchrun_worker_leaves_without_the_interpreter_teardown(torchrun: bool, tmp_path: Path) -> None:
-    """Under torchrun, `python -m offline.cli` exits with main's code but skips the interpreter's teardown (where
-    gloo's threads could abort a finished worker); anywhere else it exits as usual."""
+def test_a_torchrun_worker_leaves_without_the_interpreter_teardown(torchrun: bool, entry: str,
+                                                                    tmp_path: Path) -> None:
+    """Under torchrun, `python -m offline.cli` and the `seqrec` script exit with the command's code but skip the
+    interpreter's teardown (where gloo's threads could abort a finished worker); anywhere else they exit as usual."""
     env = {k: v for k, v in os.environ.items() if k not in UNTORCHRUN}
     if torchrun:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
-    hook = ("import atexit, runpy; atexit.register(print, 'interpreter teardown'); "
-            "runpy.run_module('offline.cli', run_name='__main__', alter_sys=True)")
+    hook = f"import atexit; atexit.register(print, 'interpreter teardown'); {ENTRIES[entry]}"
     done = subprocess.run([sys.executable, "-c", hook, "train", "--data", str(tmp_path / "missing"),
                            "--out", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode == 1  # main's own code for a user error, kept either way
+    assert done.returncode == 1  # the command's own code for a user error, kept either way
     assert "seqrec: error" in done.stderr
     assert ("interpreter teardown" in done.stdout) is not torchrun
