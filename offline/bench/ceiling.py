@@ -6,8 +6,9 @@
 For the `seqrec bench serve` request bodies (``--min-len``..``--max-len`` random catalogue items, cut to the
 model's window, k=10, ``--candidates``), in this process on one thread:
 
-- the encoder's matrix-multiply FLOP per request, counted by torch's ``FlopCounterMode`` on the eager encoder
-  (the attention's score and mix products are not counted there: a lower bound of its arithmetic);
+- the encoder's FLOP per request, counted on the eager encoder as `seqrec bench` counts a model's
+  (`offline.bench.measure.forward_flops`: matrix products and attention; norms, activations and lookups are
+  not counted, so a lower bound of its arithmetic);
 - the CPU time per request of the served encoder (compiled where the bundle's is) and of the whole model path
   (`service.recommend.recommend_batch`: encoder, FAISS, features, ranker), at batch 1 and batch 32, and the
   FLOP rate the encoder reaches;
@@ -27,14 +28,13 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from offline.bench.measure import forward_flops, median_cpu_ms
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.tables import markdown_table
 from retriever.compiled import ServedEncoder
@@ -49,27 +49,11 @@ BATCHES = (1, 32)
 GEMM_ROWS = 8192  # positions of the feed-forward product timed for the core's peak rate
 
 
-def encoder_flop(model: Retriever, lengths: list[int], n_items: int) -> dict[int, int]:
-    """Matrix-multiply FLOP of one history of each length, counted on the eager encoder."""
+def encoder_flop(model: Retriever, lengths: list[int], n_items: int) -> dict[int, float]:
+    """FLOP of one history of each length through the eager served encoder (`offline.bench.measure.forward_flops`:
+    matrix products and attention; norms, activations and lookups are not counted)."""
     encoder = ServedEncoder(model).eval()
-    generator = torch.Generator().manual_seed(0)
-    out = {}
-    for length in sorted(set(lengths)):
-        ids = torch.randint(1, n_items + 1, (1, length), generator=generator)
-        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-            encoder(ids)
-        out[length] = int(counter.get_total_flops())
-    return out
-
-
-def _cpu_ms(fn: Callable[[], Any], rounds: int) -> float:
-    """Median over ``rounds`` of this thread's CPU time for one call of ``fn``, in ms."""
-    times = []
-    for _ in range(rounds):
-        started = time.thread_time()
-        fn()
-        times.append(time.thread_time() - started)
-    return 1000 * float(np.median(times))
+    return {length: forward_flops(encoder, length, n_items) for length in sorted(set(lengths))}
 
 
 def gemm_gflops(d_model: int, rounds: int = 200) -> float:
@@ -108,8 +92,9 @@ def measure(artifact: Path, *, requests: int = 256, min_len: int = 50, max_len: 
         chunks = [queries[s:s + size] for s in range(0, len(queries), size)]
         histories = [_padded_histories(chunk, bundle.max_len) for chunk in chunks]
         with torch.inference_mode():
-            encode = sum(_cpu_ms(functools.partial(bundle.encode, h), rounds) for h in histories) / len(queries)
-            model = sum(_cpu_ms(functools.partial(recommend_batch, bundle, c), rounds) for c in chunks) / len(queries)
+            encode = sum(median_cpu_ms(functools.partial(bundle.encode, h), rounds) for h in histories)
+            model = sum(median_cpu_ms(functools.partial(recommend_batch, bundle, c), rounds) for c in chunks)
+        encode, model = encode / len(queries), model / len(queries)
         rows.append({"batch": size, "encoder_ms": round(encode, 4), "model_ms": round(model, 4),
                      "encoder_gflops": round(per_request_flop / (encode / 1000) / 1e9, 1)})
     d_model = int(bundle.vectors.shape[1])
@@ -135,7 +120,7 @@ def against_serve(report: dict[str, Any], serve: dict[str, Any], cores: int) -> 
 
 
 def to_markdown(reports: list[dict[str, Any]], serve: str | None = None) -> str:
-    head = ["bundle", "window", "mean history", "encoder", "encoder MFLOP/request (matmuls)", "batch",
+    head = ["bundle", "window", "mean history", "encoder", "encoder MFLOP/request", "batch",
             "encoder CPU ms/request", "encoder GFLOP/s", "model path CPU ms/request", "core's peak GFLOP/s"]
     body = [[r["name"], r["max_len"], r["mean_history"], r["encoder"], r["encoder_mflop"], row["batch"],
              row["encoder_ms"], row["encoder_gflops"], row["model_ms"], r["gemm_gflops"]]
@@ -146,9 +131,9 @@ def to_markdown(reports: list[dict[str, Any]], serve: str | None = None) -> str:
              f"{first['requests']} request bodies of {lo}-{hi} random catalogue items (cut to each model's window), "
              f"k=10, {first['candidates']} candidates; in one process on one thread, medians of {first['rounds']} "
              "rounds. Model path = `service.recommend.recommend_batch` (encoder, FAISS, features, ranker), no HTTP. "
-             "The encoder's FLOP count is its matrix products only (torch's FlopCounterMode on the eager encoder), "
-             "a lower bound; the core's peak is the fastest of 200 float32 products of a transformer feed-forward's "
-             "shape.", "",
+             "The encoder's FLOP count is its matrix products and attention (`offline.bench.measure.forward_flops` on "
+             "the eager encoder), a lower bound; the core's peak is the fastest of 200 float32 products of a "
+             "transformer feed-forward's shape.", "",
              markdown_table(head, body)]
     needs = [(r["name"], r["serve"]) for r in reports if r.get("serve")]
     if needs:

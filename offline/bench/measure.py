@@ -50,6 +50,17 @@ def forward_flops(encoder: Callable[[Tensor], Tensor], max_len: int, n_items: in
     return counter.get_total_flops() / FLOP_BATCH
 
 
+def median_cpu_ms(call: Callable[[], object], reps: int) -> float:
+    """Median CPU time of this thread over ``reps`` calls, in ms (4 decimals): on a shared machine wall time
+    mostly measures the other jobs."""
+    times = []
+    for _ in range(reps):
+        started = time.thread_time()
+        call()
+        times.append(time.thread_time() - started)
+    return round(1000 * float(np.median(times)), 4)
+
+
 def timed(call: Callable[[], object], *, reps: int, warmup: int, device: torch.device) -> list[float]:
     """Seconds of each of ``reps`` calls after ``warmup`` untimed ones, in inference mode."""
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 from pydantic import TypeAdapter
 from tqdm import tqdm
 
+from offline.bench.measure import median_cpu_ms
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.tables import markdown_table
 from ranker.features import compute_features
@@ -33,16 +33,6 @@ from service.bundle import Bundle, load_bundle
 from service.engine import set_threads
 from service.recommend import Query, recommend_batch
 from service.schemas import ItemId, ItemIds, RecommendResponse
-
-
-def _median_ms(fn: Callable[[], Any], reps: int) -> float:
-    """Median CPU time of this thread: on a shared machine wall time mostly measures the other jobs."""
-    times = []
-    for _ in range(reps):
-        t = time.thread_time()
-        fn()
-        times.append(time.thread_time() - t)
-    return round(1000 * float(np.median(times)), 4)
 
 
 def _queries(bundle: Bundle, payloads: list[dict[str, Any]], depth: int) -> list[Query]:
@@ -77,22 +67,22 @@ def _exactness_costs(bundle: Bundle, queries: list[Query], reps: int) -> dict[st
     score = torch.from_numpy(np.where(rows >= 0, scores, 0.0))
     index, tables = bundle.artifact.index, bundle.tables
     with torch.inference_mode():
-        encode = _median_ms(lambda: bundle.encode(history), reps)
-        search = _median_ms(lambda: index.search(user.numpy(), q.candidates), reps)  # type: ignore[union-attr]
+        encode = median_cpu_ms(lambda: bundle.encode(history), reps)
+        search = median_cpu_ms(lambda: index.search(user.numpy(), q.candidates), reps)  # type: ignore[union-attr]
         batch = compute_features(tables, bundle.vectors, history, user, cand, score)
         hist_vec, cand_vec = bundle.vectors[history], bundle.vectors[cand]
-        features = _median_ms(lambda: compute_features(tables, bundle.vectors, history, user, cand, score), reps)
+        features = median_cpu_ms(lambda: compute_features(tables, bundle.vectors, history, user, cand, score), reps)
         out = {"encode": encode, "search": search, "features": features,
-               "ranker": _median_ms(lambda: bundle.ranker.ranker.score(batch), reps),  # type: ignore[union-attr]
-               "cosines_float64": _median_ms(lambda: torch.einsum("bnd,btd->bnt", cand_vec.double(),
+               "ranker": median_cpu_ms(lambda: bundle.ranker.ranker.score(batch), reps),  # type: ignore[union-attr]
+               "cosines_float64": median_cpu_ms(lambda: torch.einsum("bnd,btd->bnt", cand_vec.double(),
                                                                   hist_vec.double()), reps),
-               "cosines_float32": _median_ms(lambda: torch.einsum("bnd,btd->bnt", cand_vec, hist_vec), reps)}
+               "cosines_float32": median_cpu_ms(lambda: torch.einsum("bnd,btd->bnt", cand_vec, hist_vec), reps)}
     booster = getattr(bundle.ranker.ranker, "booster", None)
     if booster is not None:
         flat = batch.dense.reshape(-1, batch.dense.shape[-1]).numpy()
         f32, f64 = np.ascontiguousarray(flat, dtype=np.float32), flat.astype(np.float64)
-        out["lgbm_float32_rows"] = _median_ms(lambda: booster.predict(f32, num_threads=1), reps)
-        out["lgbm_float64_rows"] = _median_ms(lambda: booster.predict(f64, num_threads=1), reps)
+        out["lgbm_float32_rows"] = median_cpu_ms(lambda: booster.predict(f32, num_threads=1), reps)
+        out["lgbm_float64_rows"] = median_cpu_ms(lambda: booster.predict(f64, num_threads=1), reps)
         out["lgbm_identical"] = float(np.array_equal(booster.predict(f32, num_threads=1),
                                                      booster.predict(f64, num_threads=1)))
     return out
@@ -109,10 +99,10 @@ def _http_costs(bundle: Bundle, queries: list[Query], reps: int) -> dict[str, fl
     body = {"items": items, "model_version": bundle.version, "reranked": True, "unknown_items": [],
             "fallback": None, "history_used": len(ids), "timing_ms": {**result.timing_ms, "queue": 0.0, "total": 1.0}}
     response = TypeAdapter(RecommendResponse)
-    return {f"validate_{len(ids)}_ids_per_id": _median_ms(lambda: per_id.validate_python(ids), reps),
-            f"validate_{len(ids)}_ids_at_once": _median_ms(lambda: at_once.validate_python(ids), reps),
-            "response_pydantic": _median_ms(lambda: response.dump_json(response.validate_python(body)), reps),
-            "response_orjson": _median_ms(lambda: orjson.dumps(body), reps)}
+    return {f"validate_{len(ids)}_ids_per_id": median_cpu_ms(lambda: per_id.validate_python(ids), reps),
+            f"validate_{len(ids)}_ids_at_once": median_cpu_ms(lambda: at_once.validate_python(ids), reps),
+            "response_pydantic": median_cpu_ms(lambda: response.dump_json(response.validate_python(body)), reps),
+            "response_orjson": median_cpu_ms(lambda: orjson.dumps(body), reps)}
 
 
 def main(argv: list[str] | None = None) -> int:
