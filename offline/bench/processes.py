@@ -237,16 +237,38 @@ def rss_bytes(pid: int) -> int:
 
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) used so far by process ``pid`` and its live children (uvicorn's workers)."""
+    return sum(process_cpu_seconds(pid).values())
+
+
+def process_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) used so far by process ``pid`` and by each of its live children, by pid."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    out: dict[int, float] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # gone meanwhile
         if int(stat.parent.name) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
+            out[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
+
+
+def worker_shares(before: dict[int, float], after: dict[int, float], parent: int) -> list[float]:
+    """Each worker's share of the CPU its server used between two `process_cpu_seconds` readings, largest first:
+    uvicorn's worker processes (spawned by multiprocessing) when it has several, else the one process.
+    [1.0, 0.0] from two workers means one of them did all the work."""
+    workers = [p for p in after if p != parent and _spawned_worker(p)] or [parent]
+    used = [after[p] - before.get(p, 0.0) for p in workers]
+    total = sum(used)
+    return sorted((round(u / total, 3) if total > 0 else 0.0 for u in used), reverse=True)
+
+
+def _spawned_worker(pid: int) -> bool:
+    try:
+        return b"--multiprocessing-fork" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def tree_memory_bytes(pid: int) -> dict[str, int]:

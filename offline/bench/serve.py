@@ -23,7 +23,14 @@ from pydantic import BaseModel, Field
 
 from offline.bench.load import LoadResult, post_json, run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import SERVICE_APP, start_server_process, tree_cpu_seconds, tree_memory_bytes
+from offline.bench.processes import (
+    SERVICE_APP,
+    process_cpu_seconds,
+    start_server_process,
+    tree_cpu_seconds,
+    tree_memory_bytes,
+    worker_shares,
+)
 from offline.bench.serve_check import check_answers
 from offline.bench.sweeps import max_sustained_rate, parse_rates, report_table
 from offline.tables import markdown_table
@@ -77,7 +84,9 @@ def _measure(args: argparse.Namespace, rates: Sequence[float], label: str, app: 
         cpu = tree_cpu_seconds(server.pid)  # first, at a rate both apps keep up with: no backlog counts in
         light = run_load(url, payloads, args.cpu_rate, args.duration, 0.0, args.seed, **options)
         cpu_ms = 1000 * (tree_cpu_seconds(server.pid) - cpu) / max(light.ok, 1)
+        before = process_cpu_seconds(server.pid)
         check = run_load(url, payloads, args.check_rate, args.duration, args.warmup, args.seed, **options)
+        shares = worker_shares(before, process_cpu_seconds(server.pid), server.pid)
         with contextlib.suppress(OSError):  # queued behind any backlog the check left: the sweep starts idle
             post_json(url, "/recommend", payloads[0])
         sustained = max_sustained_rate(url, payloads, rates, args.duration, args.warmup, args.seed, **options)
@@ -85,6 +94,7 @@ def _measure(args: argparse.Namespace, rates: Sequence[float], label: str, app: 
         memory = {k: round(v / 2**20, 1) for k, v in tree_memory_bytes(server.pid).items()}
     runs.extend([light, check, *sustained.results])
     out = {"check": check.to_dict(), "cpu_ms_per_request": round(cpu_ms, 3), "cpu_run": light.to_dict(),
+           "worker_shares": shares,
            "memory_mb": memory,
            "max_rate_p99_50ms": sustained.rate,
            "sweep": [r.to_dict() for r in sustained.results]}
@@ -146,10 +156,11 @@ def serve_markdown(report: dict[str, Any], runs: Sequence[LoadResult]) -> str:
         rows.append([name, t["catalogue"], f"{check['p99_ms']} at {s['check_rate']:g} r/s", check["errors"],
                      t["service"]["max_rate_p99_50ms"], t["noop"]["max_rate_p99_50ms"], ratio,
                      t["service"]["cpu_ms_per_request"], t["noop"]["cpu_ms_per_request"],
-                     f"{t['cpu_ratio_to_noop']:.3f}", t["service"]["memory_mb"]["pss"], answers])
+                     f"{t['cpu_ratio_to_noop']:.3f}", t["service"]["memory_mb"]["pss"],
+                     _shares(t["service"]), _shares(t["noop"]), answers])
     head = ["bundle", "items", "p99 at check rate (ms)", "errors", "max rate, p99 <= 50 ms", "no-op max rate",
             "ratio", "server CPU ms/request", "no-op CPU ms/request", "CPU ratio", "server PSS MB",
-            "answers vs reference path"]
+            "workers' CPU shares at check rate", "no-op workers' shares", "answers vs reference path"]
     load = (f"Load average (1, 5, 15 min) of the {report['cores']}-core machine: "
             f"{', '.join(f'{x:.1f}' for x in report['load_average_before'])} before, "
             f"{', '.join(f'{x:.1f}' for x in report['load_average_after'])} after (the bench's own client and "
@@ -166,3 +177,9 @@ def serve_markdown(report: dict[str, Any], runs: Sequence[LoadResult]) -> str:
              f"{s['max_batch']}, max wait {s['max_wait_ms']:g} ms.", "", load, "", markdown_table(head, rows), "",
              "## Every run", "", report_table(runs)]
     return "\n".join(lines)
+
+
+def _shares(target: dict[str, Any]) -> str:
+    """The workers' CPU shares over the check run ("-" in a file from before they were measured)."""
+    shares = target.get("worker_shares")
+    return "-" if shares is None else " / ".join(f"{x:.2f}" for x in shares)

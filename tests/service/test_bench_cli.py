@@ -30,6 +30,7 @@ def test_bench_serve_writes_the_service_and_noop_figures(bundle: Path, tmp_path:
     assert answers["identical_topk"] == answers["checked"] == 20
     assert target["service"]["cpu_ms_per_request"] > 0
     assert target["noop"]["memory_mb"]["pss"] > 0
+    assert target["service"]["worker_shares"] == target["noop"]["worker_shares"] == [1.0]  # one worker did it all
     assert "max rate, p99 <= 50 ms" in (out / "serve.md").read_text()
     assert "no-op" in capsys.readouterr().out
 

@@ -17,7 +17,14 @@ from fastapi.responses import JSONResponse
 
 from offline.bench.load import Answer, Call, LoadResult, due_times, quiet_collector, run_load, summarise
 from offline.bench.payloads import payloads_from_catalogue, payloads_from_dataset
-from offline.bench.processes import ServerError, free_port, start_server
+from offline.bench.processes import (
+    ServerError,
+    free_port,
+    process_cpu_seconds,
+    start_server,
+    start_server_process,
+    worker_shares,
+)
 from offline.bench.serve import NOOP_APP
 from offline.bench.sweeps import geometric_rates, max_sustained_rate, report_table
 from offline.data.prepared import PreparedDataset
@@ -52,6 +59,24 @@ def slow_app() -> FastAPI:
     @app.post("/recommend")
     async def recommend() -> dict[str, str]:
         time.sleep(0.05)  # deliberately blocking: the server serialises requests
+        return {}
+
+    @app.get("/readyz")
+    async def readyz() -> dict[str, str]:
+        return {"status": "ready"}
+
+    return app
+
+
+def busy_app() -> FastAPI:
+    """POST /recommend holds the CPU for 3 ms: work a worker's CPU time shows."""
+    app = FastAPI()
+
+    @app.post("/recommend")
+    async def recommend() -> dict[str, str]:
+        end = time.thread_time() + 0.003
+        while time.thread_time() < end:
+            pass
         return {}
 
     @app.get("/readyz")
@@ -145,6 +170,23 @@ def test_max_sustained_rate_steps_up_and_stops_at_the_first_failure(noop_url, fa
     failed = max_sustained_rate(failing_url, PAYLOADS, [20, 40, 80], duration_s=0.5, warmup_s=0.0)
     assert failed.rate is None
     assert len(failed.results) == 1
+
+
+def test_worker_shares_of_a_two_worker_server_cover_both_workers() -> None:
+    with start_server_process("tests.offline.bench.test_load:busy_app", TEST_ENV, workers=2) as server:
+        before = process_cpu_seconds(server.pid)
+        result = run_load(server.url, PAYLOADS, rate=100, duration_s=1.0, warmup_s=0.2, arrivals="uniform")
+        shares = worker_shares(before, process_cpu_seconds(server.pid), server.pid)
+    assert result.errors == 0
+    assert len(shares) == 2  # the two workers, not the supervisor or multiprocessing's resource tracker
+    assert shares[0] >= shares[1] >= 0  # largest first
+    assert sum(shares) == pytest.approx(1, abs=0.01)
+
+
+def test_worker_shares_of_one_process() -> None:
+    me = os.getpid()
+    assert worker_shares({me: 1.0}, {me: 3.0}, me) == [1.0]  # no spawned workers: the process itself
+    assert worker_shares({me: 1.0}, {me: 1.0}, me) == [0.0]  # no CPU used: nothing to share
 
 
 def test_start_server_reports_a_broken_app_with_its_output():
