@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,14 +37,14 @@ from tqdm import tqdm
 
 from offline.bench.load import Call, open_loop
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import start_server_process
+from offline.bench.processes import SERVICE_APP, start_server_process
 from offline.tables import markdown_table
+from retriever.errors import SeqrecError
 from service.bundle import Bundle, load_bundle
 from service.engine import set_threads
 from service.recommend import Query, recommend_batch
 
 log = logging.getLogger(__name__)
-SERVICE_APP = "service.app:create_app"
 PARTS = ("latency", "late", "queue", "encode", "search", "rerank", "outside")
 STAGES = ("encode", "search", "rerank")
 QUANTILES = (50, 90, 99)
@@ -85,6 +86,9 @@ def _server_runs(bundle: Path, payloads: list[dict[str, Any]], args: argparse.Na
                             len(run.answers), failed[0].error)
             rows = [split_answer(a.latency_ms, 1000 * (a.sent - a.due), json.loads(a.body or b"{}")["timing_ms"])
                     for a in run.answers if a.error is None]
+            if not rows:
+                raise SeqrecError(f"{bundle.name} run {n + 1}: no request was answered "
+                                  f"({failed[0].error if failed else 'none sent'}); see the warning above")
             runs.append({**summarise_split(rows), "errors": len(failed)})
     return runs
 
@@ -140,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _loadavg() -> list[float]:
-    return [round(float(x), 2) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def split_markdown(report: dict[str, Any]) -> str:
