@@ -109,7 +109,7 @@ def smoke_batches(mlp: MLPRanker, shapes: tuple[tuple[int, int, int], ...] = ((1
     for b, n, m in shapes:
         # features at the scale training saw them; unknown items only if training had some (else its
         # standardised flag is ~1e6 and the scores' float32 rounding alone exceeds the tolerance)
-        noise = torch.randn(b, n, len(DENSE_FEATURES), generator=generator)
+        noise = torch.randn(b, n, mlp.dense_mean.shape[-1], generator=generator)  # base + extra columns
         dense = (mlp.dense_mean + mlp.dense_std * noise).detach()
         unknown = DENSE_FEATURES.index("is_unknown")
         seen = float(mlp.dense_std[unknown]) > 1e-3

@@ -17,6 +17,8 @@ reuses what is finished; OUT/results.{json,md} cover every finished seed under W
 as the bench of retrievers resolves it), so they can train while the retrievers themselves do; a
 later run with ``--artifact`` reuses them when the configs agree. ``--holdout-per-user N`` mines with
 holdout retrievers that never saw each user's last N training items (`RankerConfig.holdout_per_user`).
+``--features a,b`` trains both rankers with those extra features (`ranker.extras`; a separate ``--work``,
+whose ``seed<seed>/mining`` may be a copy of another work folder's: the groups do not depend on features).
 """
 
 from __future__ import annotations
@@ -54,10 +56,11 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
     if record_path.exists():
         record: dict[str, Any] = json.loads(record_path.read_text())
         if (record["retriever_version"] == artifact.manifest.version and record["depth"] == config.depth
-                and record["mining"].get("per_user", HOLDOUT_PER_USER) == config.holdout_per_user):
+                and record["mining"].get("per_user", HOLDOUT_PER_USER) == config.holdout_per_user
+                and record.get("features", []) == list(config.features)):
             return record
-        raise SeqrecError(f"{folder} holds seed {seed} of another retriever, depth or --holdout-per-user; choose "
-                          f"another --work")
+        raise SeqrecError(f"{folder} holds seed {seed} of another retriever, depth, --holdout-per-user or "
+                          f"--features; choose another --work")
     from offline.jobs.rank import train_ranker
 
     retriever = folder / "retriever"
@@ -74,7 +77,8 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
             train_ranker(bundle, data, config.model_copy(update={"kind": kind}), mined_dir=folder / "mining")
         rankers[kind] = json.loads((bundle / "ranker" / "manifest.json").read_text())
     record = seed_record(load_artifact(retriever, with_index=False).manifest.to_dict(), rankers, config.depth)
-    record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version)
+    record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version,
+                  features=list(config.features))
     atomic_write(record_path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))
     return record
 
@@ -104,8 +108,10 @@ def _mean_std(values: list[float]) -> dict[str, float]:
 def summarize_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean and sample std (n - 1) over seeds of every row, split and metric."""
     depth = records[0]["depth"]
-    if any(r["depth"] != depth or r["repeats"] != records[0]["repeats"] for r in records):
-        raise SeqrecError("the seeds under OUT/runs differ in candidate depth or repeat policy")
+    features = records[0].get("features", [])
+    if any(r["depth"] != depth or r["repeats"] != records[0]["repeats"] or r.get("features", []) != features
+           for r in records):
+        raise SeqrecError("the seeds under OUT/runs differ in candidate depth, repeat policy or extra features")
     names = [name for name, _ in ROWS] + [f"recall@{depth}"]
     rows: dict[str, Any] = {}
     for name in names:
@@ -113,7 +119,8 @@ def summarize_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
         for split in ("valid", "test"):
             keys = [k for k, v in records[0]["rows"][name][split].items() if isinstance(v, float | int)]
             rows[name][split] = {k: _mean_std([float(r["rows"][name][split][k]) for r in records]) for k in keys}
-    return {"seeds": [r["seed"] for r in records], "depth": depth, "repeats": records[0]["repeats"],
+    return {"seeds": [r["seed"] for r in records], "depth": depth, "features": features,
+            "repeats": records[0]["repeats"],
             "repeat_targets": records[0]["repeat_targets"], "auto_choice": [r["auto_choice"] for r in records],
             "rows": rows}
 
@@ -141,6 +148,7 @@ def write_results(out: Path, records: list[dict[str, Any]], command: str) -> dic
     shares = summary["repeat_targets"] or {}
     held = records[0].get("mining", {}).get("per_user", HOLDOUT_PER_USER)
     early = "second-to-last training item" if held == 2 else f"training item {held} from the end"
+    extras = f" plus the extra features {', '.join(summary['features'])}" if summary["features"] else ""
     text = "\n".join([
         f"# Two-stage results: {len(records)} seed(s) {', '.join(map(str, summary['seeds']))}", "",
         f"Full ranking over all items, pessimistic ties, leave-one-out (test = last item, validation = the one "
@@ -149,7 +157,7 @@ def write_results(out: Path, records: list[dict[str, Any]], command: str) -> dic
         f"top {summary['depth']} (FAISS index) are re-ranked and a target outside them is a miss. Rankers: "
         f"holdout mining ({held} training targets per user from a sibling retriever that never saw them; it "
         f"early-stops on {HOLDOUT_STOP_SHARE:.0%} of users, whose {early} is then no "
-        f"ranker target), `seqrec train-ranker` defaults, epoch / boosting round chosen on validation. "
+        f"ranker target), `seqrec train-ranker` defaults{extras}, epoch / boosting round chosen on validation. "
         f"Cells: mean ± sample std over seeds (one seed: the value). `--kind auto` picks per seed: "
         f"{', '.join(summary['auto_choice'])}.", "",
         results_table(summary), "", f"Reproduce: `{command}`", ""])
@@ -184,6 +192,8 @@ def command_line(args: argparse.Namespace) -> str:
              f"--out {args.out}", f"--work {args.work}", f"--depth {args.depth}"]
     if args.holdout_per_user != HOLDOUT_PER_USER:
         parts.append(f"--holdout-per-user {args.holdout_per_user}")
+    if args.features:
+        parts.append(f"--features {','.join(args.features)}")
     return " ".join(parts + ([f"--threads {args.threads}"] if args.threads else []))
 
 
@@ -204,7 +214,10 @@ def run_two_stage(args: argparse.Namespace) -> int:
         return 0
     if not args.artifact:
         raise SeqrecError("give one --artifact per seed (trained retrievers), or --holdout-only")
-    config = RankerConfig(depth=args.depth, holdout_per_user=args.holdout_per_user)
+    from offline.jobs.rank import checked_config
+
+    config = checked_config(RankerConfig(depth=args.depth, holdout_per_user=args.holdout_per_user,
+                                         features=args.features))
     for path in args.artifact:
         run_seed(path, data, args.work, config)
     result = write_results(args.out, finished_records(args.work), command_line(args))

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from offline.cli.common import parse_names
 from ranker.config import ranker_default
 
 SubParsers = argparse._SubParsersAction  # argparse exposes no public name for it
@@ -262,6 +263,9 @@ def _add_two_stage(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     two.add_argument("--depth", type=int, default=100, help="candidates mined, re-ranked and evaluated (N)")
     two.add_argument("--holdout-per-user", type=int, default=ranker_default("holdout_per_user"),
                      help="training items per user the holdout retriever never sees (the rankers' targets)")
+    two.add_argument("--features", type=parse_names, default=(),
+                     help="comma-separated extra ranker features for both rankers (ranker/extras.py; "
+                     "use another --work than the base run's)")
     two.add_argument("--holdout-only", action="store_true",
                      help="only train the holdout retrievers of --config for --seeds (reused by a later run)")
     two.add_argument("--config", type=Path, default=None, help="with --holdout-only: the retrievers' YAML config")

@@ -33,6 +33,11 @@ def set_threads(n: int | None) -> None:
         threadpool_limits(n, user_api="blas")  # numpy's BLAS (the ranker's features), which defaults to every core
 
 
+def parse_names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names ("" = none)."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def parse_ks(text: str) -> tuple[int, ...]:
     try:
         ks = tuple(int(k) for k in text.split(","))

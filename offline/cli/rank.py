@@ -8,14 +8,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from offline.cli.common import Subparsers, print_json, set_threads
+from offline.cli.common import Subparsers, parse_names, print_json, set_threads
 from ranker.config import MINING, TRAINABLE_KINDS, RankerConfig, mlp_default, ranker_default
 from retriever.errors import SeqrecError, validation_message
-
-
-def _names(text: str) -> tuple[str, ...]:
-    """A comma-separated list of names ("" = none)."""
-    return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
 def _add_inputs(p: argparse.ArgumentParser, *, artifact_help: str, data_help: str) -> None:
@@ -98,12 +93,12 @@ def add_train_ranker_parser(sub: Subparsers, common: argparse.ArgumentParser) ->
                     per_user_help="training targets per user when mining directly")
     _add_holdout_per_user(p)
     c = p.add_argument_group("candidate sources and extra features")
-    c.add_argument("--sources", type=_names, default=ranker_default("sources"),
+    c.add_argument("--sources", type=parse_names, default=ranker_default("sources"),
                    help="comma-separated candidate sources: retriever (the FAISS list) and cooc (the item-to-item "
                    "co-occurrence list of ranker/cooc.py, merged into the same depth)")
     c.add_argument("--cooc-share", type=float, default=ranker_default("cooc_share"),
                    help="share of the depth's slots offered to the cooc source (the retriever keeps the rest)")
-    c.add_argument("--features", type=_names, default=ranker_default("features"),
+    c.add_argument("--features", type=parse_names, default=ranker_default("features"),
                    help="comma-separated extra ranker features (ranker/extras.py): cooc_last1, cooc_last3, "
                    "cooc_last10, cooc_rank, popularity_trend; empty: the base features alone")
     m = p.add_argument_group("MLP ranker")

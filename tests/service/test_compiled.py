@@ -43,7 +43,31 @@ def _queries(n_items: int) -> list[Query]:
             for n in lengths]
 
 
+EXTRAS = "cooc_last1,cooc_rank,popularity_trend"
+
+
+@pytest.fixture(scope="module")
+def mlp_extras_bundle(bundle: Path, prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As ``mlp_bundle``, the MLP trained with extra feature columns after the base ones."""
+    path = tmp_path_factory.mktemp("compiled") / "mlp-extras"
+    shutil.copytree(bundle, path)
+    assert seqrec(["train-ranker", "--artifact", str(path), "--data", str(prepared), "--kind", "mlp", "--mining",
+                   "direct", "--depth", "20", "--features", EXTRAS, "--threads", "1", "-q"]) == 0
+    return path
+
+
 def test_the_compiled_bundle_answers_as_the_eager_one(mlp_bundle: Path) -> None:
+    _compiled_answers_as_eager(mlp_bundle)
+
+
+def test_an_mlp_with_extra_features_compiles_and_answers_as_the_eager_one(mlp_extras_bundle: Path) -> None:
+    # Its ONNX export once built its example batch with the base columns alone and failed.
+    manifest = json.loads((mlp_extras_bundle / "ranker" / "manifest.json").read_text())
+    assert manifest["features"]["dense"][-3:] == EXTRAS.split(",")
+    _compiled_answers_as_eager(mlp_extras_bundle)
+
+
+def _compiled_answers_as_eager(mlp_bundle: Path) -> None:
     assert (mlp_bundle / ENCODER_FILE).is_file()
     assert (mlp_bundle / "ranker" / MLP_FILE).is_file()
     compiled, eager = load_bundle(mlp_bundle), load_bundle(mlp_bundle, inference="eager")

@@ -1,6 +1,7 @@
 """`seqrec bench two-stage`: the ranker table's rows are the bundles' own figures, over seeds."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,22 @@ def test_mean_and_sample_std_over_seeds_written_out_by_hand() -> None:
     assert "| retriever recall@100 (the two-stage ceiling) | 0.5000 ± 0.0000 |  | 0.5000 ± 0.0000 (valid) |  |" in table
     with pytest.raises(Exception, match="depth"):
         summarize_seeds([_record(42, 0.1), {**_record(123, 0.3), "depth": 50}])
+    # Seeds ranked with other extra features are not averaged together (a record from before --features has none).
+    with pytest.raises(Exception, match="extra features"):
+        summarize_seeds([_record(42, 0.1), {**_record(123, 0.3), "features": ["cooc_last1"]}])
+    extras = [{**_record(s, 0.1), "features": ["cooc_last1", "popularity_trend"]} for s in (42, 123)]
+    assert summarize_seeds(extras)["features"] == ["cooc_last1", "popularity_trend"]
+    assert summary["features"] == []
+
+
+def test_unknown_extra_feature_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = prepare_tiny(tmp_path / "data")
+    args = ["bench", "two-stage", "--artifact", str(tmp_path / "none"), "--data", str(data), "--out", str(tmp_path),
+            "--features", "cooc_last1,age"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "unknown ranker features ['age']" in err
+    assert "Traceback" not in err
 
 
 def test_results_are_written_into_an_out_folder_nothing_made_yet(tmp_path: Path) -> None:
@@ -48,6 +65,10 @@ def test_results_are_written_into_an_out_folder_nothing_made_yet(tmp_path: Path)
     text = (out / "results.md").read_text()
     assert "holdout mining (5 training targets per user" in text
     assert "training item 5 from the end" in text
+    assert "extra features" not in text
+    write_results(out, [{**_record(42, 0.1), "features": ["cooc_last3", "cooc_rank"]}], "seqrec bench two-stage ...")
+    assert "`seqrec train-ranker` defaults plus the extra features cooc_last3, cooc_rank," in (
+        out / "results.md").read_text()
 
 
 @pytest.mark.slow
@@ -94,3 +115,21 @@ def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_fi
     capsys.readouterr()
     assert main([*args, "--holdout-per-user", "3"]) == 1
     assert "--holdout-per-user" in capsys.readouterr().err
+    # Nor as ranked with extra features; those go to another --work, which may reuse the mined groups.
+    assert main([*args, "--features", "cooc_last1"]) == 1
+    assert "--features" in capsys.readouterr().err
+    extra = tmp_path / "extra"
+    shutil.copytree(out / "runs" / "seed3" / "mining", extra / "runs" / "seed3" / "mining")
+    extra_args = ["bench", "two-stage", "--artifact", str(bundle), "--data", str(data), "--out", str(extra),
+                  "--depth", "20", "--threads", "1", "-q", "--features", "cooc_last1,popularity_trend"]
+    assert main(extra_args) == 0
+    assert json.loads(holdout.read_text())["version"] == version
+    with_extras = json.loads((extra / "results.json").read_text())
+    assert with_extras["features"] == ["cooc_last1", "popularity_trend"]
+    assert with_extras["per_seed"][0]["mining"] == record["mining"]  # the same groups
+    assert with_extras["rows"]["retriever"] == result["rows"]["retriever"]
+    for kind in ("mlp", "lgbm"):
+        ranker = json.loads((extra / "runs" / "seed3" / kind / "ranker" / "manifest.json").read_text())
+        assert ranker["features"]["dense"][-2:] == ["cooc_last1", "popularity_trend"]
+        assert with_extras["per_seed"][0]["rows"][kind]["test"] == ranker["metrics"]["test"]
+    assert "--features cooc_last1,popularity_trend" in with_extras["command"]
