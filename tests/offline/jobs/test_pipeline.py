@@ -126,6 +126,24 @@ def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.Capt
     assert "Traceback" not in err
 
 
+def test_a_pipeline_with_extra_ranker_features_publishes_a_bundle_that_serves_them(tmp_path: Path) -> None:
+    # As configs/pipeline/beauty.yaml asks; `auto` trains the MLP with them too (its ONNX export once failed).
+    from service.bundle import load_bundle
+
+    path = _config(tmp_path, kind="auto")
+    config = yaml.safe_load(path.read_text())
+    config["ranker"]["features"] = ["cooc_last1", "cooc_rank", "popularity_trend"]
+    path.write_text(yaml.safe_dump(config))
+    artifacts = tmp_path / "artifacts"
+    assert main(["pipeline", "--config", str(path), "--out", str(artifacts), "--threads", "1", "-q"]) == 0
+    record = json.loads((artifacts / "current" / "pipeline.json").read_text())
+    assert record["config"]["ranker"]["features"] == config["ranker"]["features"]
+    manifest = json.loads((artifacts / "current" / "ranker" / "manifest.json").read_text())
+    assert manifest["features"]["dense"][-3:] == config["ranker"]["features"]
+    bundle = load_bundle(artifacts / "current")  # loads the cooc table and answers a smoke query
+    assert bundle.ranker is not None
+
+
 @pytest.mark.parametrize("name", ["demo", "ml-100k-download", "ml-1m", "beauty"])
 def test_committed_pipeline_configs_are_valid(name: str) -> None:
     root = Path(__file__).resolve().parents[3]
