@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 RankerKind = Literal["auto", "mlp", "lgbm", "none"]
 Mining = Literal["holdout", "direct"]
@@ -61,6 +61,17 @@ class RankerSection(RankerConfig):
 
     depth: int = Field(RankerConfig.model_fields["depth"].default, ge=MIN_DEPTH, le=MAX_DEPTH)
     per_user: int = Field(RankerConfig.model_fields["per_user"].default, ge=1)
+
+    @field_validator("features")
+    @classmethod
+    def _known_features(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        # at load, not at the ranker stage after the retriever has trained
+        from ranker.extras import EXTRA_FEATURES  # torch: only where a config is read
+
+        unknown = [n for n in names if n not in EXTRA_FEATURES]
+        if unknown:
+            raise ValueError(f"unknown ranker features {unknown}; choose from {', '.join(EXTRA_FEATURES)}")
+        return names
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,14 @@ def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.Capt
     err = capsys.readouterr().err
     assert "ranker.kind" in err
     assert "Traceback" not in err
+    # An unknown extra feature is refused when the config loads, before any stage has run.
+    bad.write_text(yaml.safe_dump({"name": "x", "data": {"dataset": "synthetic"}, "retriever": "r.yaml",
+                                   "ranker": {"features": ["cooc_last1", "cooc_last2"]}}))
+    assert main(["pipeline", "--config", str(bad), "--out", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert "ranker.features: Value error, unknown ranker features ['cooc_last2']" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_pipeline_with_extra_ranker_features_publishes_a_bundle_that_serves_them(tmp_path: Path) -> None:
