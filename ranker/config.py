@@ -66,12 +66,9 @@ class RankerSection(RankerConfig):
     @classmethod
     def _known_features(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         # at load, not at the ranker stage after the retriever has trained
-        from ranker.extras import EXTRA_FEATURES  # torch: only where a config is read
+        from ranker.extras import check_names  # torch: only where a config is read
 
-        unknown = [n for n in names if n not in EXTRA_FEATURES]
-        if unknown:
-            raise ValueError(f"unknown ranker features {unknown}; choose from {', '.join(EXTRA_FEATURES)}")
-        return names
+        return check_names(names)
 
 
 @dataclass(frozen=True)

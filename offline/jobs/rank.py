@@ -30,7 +30,7 @@ from offline.jobs.train import check_catalogue, item_feature_matrix
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
 from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, RankerConfig
 from ranker.cooc import CoocTable
-from ranker.extras import EXTRA_FEATURES, Extras
+from ranker.extras import Extras, check_names
 from ranker.features import ItemTables
 from ranker.mining import Encoder, Mined, mine, training_groups
 from ranker.train import (
@@ -285,9 +285,10 @@ def checked_config(config: RankerConfig) -> RankerConfig:
     """The config, refused when its sources or extra features are ones this version cannot serve."""
     if "retriever" not in config.sources:
         raise SeqrecError(f"ranker sources {list(config.sources)} must include the retriever")
-    unknown = [name for name in config.features if name not in EXTRA_FEATURES]
-    if unknown:
-        raise SeqrecError(f"unknown ranker features {unknown}; choose from {', '.join(EXTRA_FEATURES)}")
+    try:
+        check_names(config.features)
+    except ValueError as err:
+        raise SeqrecError(str(err)) from None
     return config
 
 

@@ -29,10 +29,13 @@ from tests.tiny import COMPILED_EAGER, MODEL_CONFIGS, TINY_ITEMS, tiny_config, t
 @pytest.fixture(scope="module")
 def mlp_bundle(bundle: Path, prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The served bundle with an MLP ranker in place of LightGBM (written by the real `seqrec train-ranker`)."""
-    path = tmp_path_factory.mktemp("compiled") / "mlp"
+    return _with_mlp(bundle, prepared, tmp_path_factory.mktemp("compiled") / "mlp")
+
+
+def _with_mlp(bundle: Path, prepared: Path, path: Path, *flags: str) -> Path:
     shutil.copytree(bundle, path)
     assert seqrec(["train-ranker", "--artifact", str(path), "--data", str(prepared), "--kind", "mlp", "--mining",
-                   "direct", "--depth", "20", "--threads", "1", "-q"]) == 0
+                   "direct", "--depth", "20", *flags, "--threads", "1", "-q"]) == 0
     return path
 
 
@@ -49,11 +52,7 @@ EXTRAS = "cooc_last1,cooc_rank,popularity_trend"
 @pytest.fixture(scope="module")
 def mlp_extras_bundle(bundle: Path, prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """As ``mlp_bundle``, the MLP trained with extra feature columns after the base ones."""
-    path = tmp_path_factory.mktemp("compiled") / "mlp-extras"
-    shutil.copytree(bundle, path)
-    assert seqrec(["train-ranker", "--artifact", str(path), "--data", str(prepared), "--kind", "mlp", "--mining",
-                   "direct", "--depth", "20", "--features", EXTRAS, "--threads", "1", "-q"]) == 0
-    return path
+    return _with_mlp(bundle, prepared, tmp_path_factory.mktemp("compiled") / "mlp-extras", "--features", EXTRAS)
 
 
 def test_the_compiled_bundle_answers_as_the_eager_one(mlp_bundle: Path) -> None:
