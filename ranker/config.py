@@ -91,6 +91,7 @@ class MLPConfig:
     patience: int = 3
     seed: int = 42
     extra_features: tuple[str, ...] = ()  # `ranker.extras` columns read after the base dense features
+    members: int = 1  # networks trained from seeds seed, seed + 1, ... and scored by their mean logit
 
 
 def ranker_default(name: str) -> Any:

@@ -10,13 +10,18 @@ gets a learned "unknown" vector instead of its ID embedding. During training eac
 candidate is masked with probability ``id_dropout``, so the ranker learns to score items
 from metadata and popularity alone; scoring with every ID masked is the cold-start
 simulation.
+
+An ensemble (``members`` > 1) is this network plus ``members - 1`` others trained alone from
+other random seeds (`ranker.train.fit_mlp_ensemble`); it scores with the mean of their logits,
+one module, so it is saved, compiled and served as one ranker. A single member's weights keep
+the names they always had.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -54,13 +59,34 @@ class MLPRanker(nn.Module):
         nn.init.normal_(self.id_emb.weight, std=0.02)
         nn.init.normal_(self.meta_emb.weight, std=0.02)
         nn.init.normal_(self.year_emb.weight, std=0.02)
+        one = replace(config, members=1)
+        self.others = nn.ModuleList(MLPRanker(replace(one, seed=config.seed + i)) for i in range(1, config.members))
+
+    @classmethod
+    def ensemble(cls, members: list[MLPRanker]) -> MLPRanker:
+        """One ranker scoring with the mean logits of trained single-member rankers (their scaling included)."""
+        first = members[0].config
+        if any(m.config.members != 1 or replace(m.config, seed=first.seed) != first for m in members):
+            raise ValueError("ensemble members must be single rankers of one shape")
+        model = cls(replace(first, members=len(members)))
+        state = dict(members[0].state_dict())
+        for i, member in enumerate(members[1:]):
+            state.update({f"others.{i}.{k}": v for k, v in member.state_dict().items()})
+        model.load_state_dict(state)
+        return model.eval()
 
     def set_scaling(self, mean: Tensor, std: Tensor) -> None:
         self.dense_mean.copy_(mean)
         self.dense_std.copy_(std)
 
     def forward(self, batch: FeatureBatch) -> Tensor:
-        """(B, N) logits; empty candidate slots get -inf."""
+        """(B, N) logits (an ensemble's mean); empty candidate slots get -inf."""
+        members = [self, *cast(list[MLPRanker], list(self.others))]
+        logits = torch.stack([m.logits(batch) for m in members]).mean(0) if len(members) > 1 else self.logits(batch)
+        return logits.masked_fill(~batch.valid, -torch.inf)
+
+    def logits(self, batch: FeatureBatch) -> Tensor:
+        """(B, N) this member's logits, empty slots not masked."""
         dense = (batch.dense - self.dense_mean) / self.dense_std  # (B, N, F)
         # ids past the trained table are items added since (service/catalog.py): unknown, replaced below
         ids = self.id_emb(batch.candidates.clamp(max=self.id_emb.num_embeddings - 1))  # (B, N, id_dim)
@@ -70,8 +96,7 @@ class MLPRanker(nn.Module):
         meta = self.meta_emb(meta_ids).sum(-2) / (meta_ids != 0).sum(-1, keepdim=True).clamp(min=1)  # mean
         x = torch.cat([dense, ids, ids * self.user_proj(batch.user)[:, None, :], meta,
                        self.year_emb(batch.year_bucket), user, batch.product], dim=-1)
-        logits = self.mlp(x).squeeze(-1)  # (B, N)
-        return logits.masked_fill(~batch.valid, -torch.inf)
+        return self.mlp(x).squeeze(-1)  # (B, N)
 
     def score(self, batch: FeatureBatch) -> Tensor:
         self.eval()

@@ -208,6 +208,28 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
     return model.eval(), history
 
 
+def fit_mlp_ensemble(config: MLPConfig, source: FeatureSource, train: Groups, valid: Groups, *,
+                     train_source: FeatureSource | None = None,
+                     progress: bool = True) -> tuple[MLPRanker, list[dict[str, Any]]]:
+    """``config.members`` MLPs, each trained alone by `fit_mlp` from seed ``config.seed + i`` (its own
+    early stopping), scored together by their mean logit (`MLPRanker.ensemble`). One member: `fit_mlp`.
+
+    The history lists every member's epochs (with a "member" key when there are several).
+    """
+    if config.members < 1:
+        raise ValueError(f"an MLP ranker needs at least one member, got {config.members}")
+    if config.members == 1:
+        return fit_mlp(config, source, train, valid, train_source=train_source, progress=progress)
+    members, history = [], []
+    for i in range(config.members):
+        log.info("MLP ranker member %d of %d", i + 1, config.members)
+        model, steps = fit_mlp(replace(config, members=1, seed=config.seed + i), source, train, valid,
+                               train_source=train_source, progress=progress)
+        members.append(model)
+        history += [{"member": i, **step} for step in steps]
+    return MLPRanker.ensemble(members), history
+
+
 def lgbm_matrix(source: FeatureSource, groups: Groups, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray,
                                                                                          np.ndarray]:
     """Rows of groups that hold their positive: (x (rows, F), y (rows,), group sizes)."""

@@ -19,6 +19,8 @@ later run with ``--artifact`` reuses them when the configs agree. ``--holdout-pe
 holdout retrievers that never saw each user's last N training items (`RankerConfig.holdout_per_user`).
 ``--features a,b`` trains both rankers with those extra features (`ranker.extras`; a separate ``--work``,
 whose ``seed<seed>/mining`` may be a copy of another work folder's: the groups do not depend on features).
+``--mlp-members K`` makes the MLP ranker an ensemble of K networks (`MLPConfig.members`; a separate
+``--work`` as with ``--features``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ ROWS = (("retriever", "retriever alone"), ("mlp", "retriever + MLP ranker"), ("l
 METRICS = (("test", "HR@10"), ("test", "NDCG@10"), ("valid", "NDCG@10"))
 
 
-def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: RankerConfig) -> dict[str, Any]:
+def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: RankerConfig,
+             mlp_members: int = 1) -> dict[str, Any]:
     """Train both rankers on one retriever (reusing what WORK already holds); its record."""
     artifact = load_artifact(artifact_path, with_index=False)
     seed = artifact.config.train.seed
@@ -57,10 +60,11 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
         record: dict[str, Any] = json.loads(record_path.read_text())
         if (record["retriever_version"] == artifact.manifest.version and record["depth"] == config.depth
                 and record["mining"].get("per_user", HOLDOUT_PER_USER) == config.holdout_per_user
-                and record.get("features", []) == list(config.features)):
+                and record.get("features", []) == list(config.features)
+                and record.get("mlp_members", 1) == mlp_members):
             return record
-        raise SeqrecError(f"{folder} holds seed {seed} of another retriever, depth, --holdout-per-user or "
-                          f"--features; choose another --work")
+        raise SeqrecError(f"{folder} holds seed {seed} of another retriever, depth, --holdout-per-user, "
+                          f"--features or --mlp-members; choose another --work")
     from offline.jobs.rank import train_ranker
 
     retriever = folder / "retriever"
@@ -74,11 +78,12 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
             shutil.rmtree(bundle, ignore_errors=True)
             shutil.copytree(retriever, bundle)
             log.info("seed %d: %s ranker", seed, kind)
-            train_ranker(bundle, data, config.model_copy(update={"kind": kind}), mined_dir=folder / "mining")
+            train_ranker(bundle, data, config.model_copy(update={"kind": kind}), mined_dir=folder / "mining",
+                         mlp={"members": mlp_members})
         rankers[kind] = json.loads((bundle / "ranker" / "manifest.json").read_text())
     record = seed_record(load_artifact(retriever, with_index=False).manifest.to_dict(), rankers, config.depth)
     record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version,
-                  features=list(config.features))
+                  features=list(config.features), mlp_members=mlp_members)
     atomic_write(record_path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))
     return record
 
@@ -108,10 +113,11 @@ def _mean_std(values: list[float]) -> dict[str, float]:
 def summarize_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean and sample std (n - 1) over seeds of every row, split and metric."""
     depth = records[0]["depth"]
-    features = records[0].get("features", [])
+    features, members = records[0].get("features", []), records[0].get("mlp_members", 1)
     if any(r["depth"] != depth or r["repeats"] != records[0]["repeats"] or r.get("features", []) != features
-           for r in records):
-        raise SeqrecError("the seeds under OUT/runs differ in candidate depth, repeat policy or extra features")
+           or r.get("mlp_members", 1) != members for r in records):
+        raise SeqrecError("the seeds under OUT/runs differ in candidate depth, repeat policy, extra features or "
+                          "MLP members")
     names = [name for name, _ in ROWS] + [f"recall@{depth}"]
     rows: dict[str, Any] = {}
     for name in names:
@@ -119,7 +125,7 @@ def summarize_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
         for split in ("valid", "test"):
             keys = [k for k, v in records[0]["rows"][name][split].items() if isinstance(v, float | int)]
             rows[name][split] = {k: _mean_std([float(r["rows"][name][split][k]) for r in records]) for k in keys}
-    return {"seeds": [r["seed"] for r in records], "depth": depth, "features": features,
+    return {"seeds": [r["seed"] for r in records], "depth": depth, "features": features, "mlp_members": members,
             "repeats": records[0]["repeats"],
             "repeat_targets": records[0]["repeat_targets"], "auto_choice": [r["auto_choice"] for r in records],
             "rows": rows}
@@ -149,6 +155,8 @@ def write_results(out: Path, records: list[dict[str, Any]], command: str) -> dic
     held = records[0].get("mining", {}).get("per_user", HOLDOUT_PER_USER)
     early = "second-to-last training item" if held == 2 else f"training item {held} from the end"
     extras = f" plus the extra features {', '.join(summary['features'])}" if summary["features"] else ""
+    if summary["mlp_members"] > 1:
+        extras += f", the MLP an ensemble of {summary['mlp_members']} networks (mean logit)"
     text = "\n".join([
         f"# Two-stage results: {len(records)} seed(s) {', '.join(map(str, summary['seeds']))}", "",
         f"Full ranking over all items, pessimistic ties, leave-one-out (test = last item, validation = the one "
@@ -194,6 +202,8 @@ def command_line(args: argparse.Namespace) -> str:
         parts.append(f"--holdout-per-user {args.holdout_per_user}")
     if args.features:
         parts.append(f"--features {','.join(args.features)}")
+    if args.mlp_members != 1:
+        parts.append(f"--mlp-members {args.mlp_members}")
     return " ".join(parts + ([f"--threads {args.threads}"] if args.threads else []))
 
 
@@ -218,8 +228,10 @@ def run_two_stage(args: argparse.Namespace) -> int:
 
     config = checked_config(RankerConfig(depth=args.depth, holdout_per_user=args.holdout_per_user,
                                          features=args.features))
+    if args.mlp_members < 1:
+        raise SeqrecError(f"--mlp-members must be at least 1, got {args.mlp_members}")
     for path in args.artifact:
-        run_seed(path, data, args.work, config)
+        run_seed(path, data, args.work, config, args.mlp_members)
     result = write_results(args.out, finished_records(args.work), command_line(args))
     print(results_table(result))
     return 0

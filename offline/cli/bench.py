@@ -266,6 +266,8 @@ def _add_two_stage(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     two.add_argument("--features", type=parse_names, default=(),
                      help="comma-separated extra ranker features for both rankers (ranker/extras.py; "
                      "use another --work than the base run's)")
+    two.add_argument("--mlp-members", type=int, default=1,
+                     help="the MLP ranker as an ensemble of this many networks (mean logit; default 1)")
     two.add_argument("--holdout-only", action="store_true",
                      help="only train the holdout retrievers of --config for --seeds (reused by a later run)")
     two.add_argument("--config", type=Path, default=None, help="with --holdout-only: the retrievers' YAML config")

@@ -38,7 +38,7 @@ from ranker.train import (
     Groups,
     config_for,
     fit_lgbm_ranker,
-    fit_mlp,
+    fit_mlp_ensemble,
     group_ranks,
     make_groups,
     merge_groups,
@@ -376,7 +376,7 @@ def _fit(name: str, artifact: RetrieverArtifact, data: PreparedDataset, source: 
          lgbm: dict[str, Any] | None) -> tuple[Ranker, list[dict[str, Any]]]:
     if name == "mlp":
         config = config_for(source, artifact.manifest.dim, data.n_items, **(mlp or {}))
-        return fit_mlp(config, source, groups["train"], groups["valid"], train_source=train_source)
+        return fit_mlp_ensemble(config, source, groups["train"], groups["valid"], train_source=train_source)
     return fit_lgbm_ranker(source, groups["train"], groups["valid"], params=lgbm, train_source=train_source)
 
 

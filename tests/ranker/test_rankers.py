@@ -21,7 +21,7 @@ from ranker.train import (
     config_for,
     features,
     fit_lgbm_ranker,
-    fit_mlp,
+    fit_mlp_ensemble,
     group_ranks,
     make_groups,
     ndcg_at,
@@ -73,7 +73,7 @@ def _mlp(setup, **overrides):  # type: ignore[no-untyped-def]
     data, artifact, groups, source = setup
     config = config_for(source, artifact.manifest.dim, data.n_items,
                         **{"epochs": 2, "batch_size": 64, "hidden": (32,), **overrides})
-    return fit_mlp(config, source, groups["train"], groups["valid"], progress=False)
+    return fit_mlp_ensemble(config, source, groups["train"], groups["valid"], progress=False)
 
 
 def test_both_rankers_round_trip_through_the_bundle_with_identical_scores(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -97,6 +97,32 @@ def test_both_rankers_round_trip_through_the_bundle_with_identical_scores(setup,
         assert torch.all(torch.isinf(after[~batch.valid]))
         np.testing.assert_array_equal(loaded.tables.popularity, tables.popularity)
     assert (tmp_path / "lgbm" / "ranker" / "lgbm.txt").read_text().startswith("tree")  # LightGBM's text format
+
+
+def test_an_ensemble_scores_with_its_members_mean_logit_and_round_trips(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data, artifact, groups, source = setup
+    ensemble, history = _mlp(setup, members=3)
+    assert ensemble.config.members == 3
+    assert len(ensemble.others) == 2
+    assert {h["member"] for h in history} == {0, 1, 2}
+    # each member is the network `fit_mlp` trains alone from seed, seed + 1, seed + 2
+    alone = [_mlp(setup, seed=42 + i)[0] for i in range(3)]
+    batch = features(source, groups["test"], np.arange(16))
+    mean = torch.stack([m.score(batch) for m in alone]).mean(0)
+    got = ensemble.score(batch)
+    torch.testing.assert_close(got[batch.valid], mean[batch.valid])
+    assert torch.all(torch.isinf(got[~batch.valid]))
+    assert not torch.allclose(alone[0].score(batch)[batch.valid], got[batch.valid])  # not the first member alone
+    bundle = tmp_path / "b"
+    shutil.copytree(artifact.path, bundle)
+    write_ranker(bundle, ensemble, item_tables(data, data.split()), retriever_manifest=artifact.manifest)
+    loaded = load_ranker(bundle, artifact.manifest)
+    assert loaded is not None
+    assert torch.equal(loaded.ranker.score(batch), got)
+    # one member keeps the weight names rankers written before ensembles have
+    assert set(alone[0].state_dict()) == {k for k in ensemble.state_dict() if not k.startswith("others.")}
+    with pytest.raises(ValueError, match="one shape"):
+        MLPRanker.ensemble([alone[0], _mlp(setup, hidden=(16,))[0]])
 
 
 def test_a_ranker_from_another_retriever_or_a_corrupt_file_is_refused(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

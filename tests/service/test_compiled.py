@@ -66,6 +66,19 @@ def test_an_mlp_with_extra_features_compiles_and_answers_as_the_eager_one(mlp_ex
     _compiled_answers_as_eager(mlp_extras_bundle)
 
 
+@pytest.fixture(scope="module")
+def mlp_ensemble_bundle(bundle: Path, prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As ``mlp_bundle``, the MLP an ensemble of three networks (`seqrec train-ranker --members 3`)."""
+    return _with_mlp(bundle, prepared, tmp_path_factory.mktemp("compiled") / "mlp-ensemble", "--members", "3")
+
+
+def test_an_mlp_ensemble_compiles_and_answers_as_the_eager_one(mlp_ensemble_bundle: Path) -> None:
+    manifest = json.loads((mlp_ensemble_bundle / "ranker" / "manifest.json").read_text())
+    assert manifest["config"]["members"] == 3
+    assert {h["member"] for h in manifest["training"]["history"]} == {0, 1, 2}
+    _compiled_answers_as_eager(mlp_ensemble_bundle)
+
+
 def _compiled_answers_as_eager(mlp_bundle: Path) -> None:
     assert (mlp_bundle / ENCODER_FILE).is_file()
     assert (mlp_bundle / "ranker" / MLP_FILE).is_file()

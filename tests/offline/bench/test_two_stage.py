@@ -40,6 +40,10 @@ def test_mean_and_sample_std_over_seeds_written_out_by_hand() -> None:
     extras = [{**_record(s, 0.1), "features": ["cooc_last1", "popularity_trend"]} for s in (42, 123)]
     assert summarize_seeds(extras)["features"] == ["cooc_last1", "popularity_trend"]
     assert summary["features"] == []
+    # Nor are seeds whose MLP ranker is an ensemble averaged with single-network ones.
+    with pytest.raises(Exception, match="MLP members"):
+        summarize_seeds([_record(42, 0.1), {**_record(123, 0.3), "mlp_members": 3}])
+    assert summary["mlp_members"] == 1
 
 
 def test_unknown_extra_feature_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -69,6 +73,8 @@ def test_results_are_written_into_an_out_folder_nothing_made_yet(tmp_path: Path)
     write_results(out, [{**_record(42, 0.1), "features": ["cooc_last3", "cooc_rank"]}], "seqrec bench two-stage ...")
     assert "`seqrec train-ranker` defaults plus the extra features cooc_last3, cooc_rank," in (
         out / "results.md").read_text()
+    write_results(out, [{**_record(42, 0.1), "mlp_members": 3}], "seqrec bench two-stage ...")
+    assert "defaults, the MLP an ensemble of 3 networks (mean logit)," in (out / "results.md").read_text()
 
 
 @pytest.mark.slow
@@ -118,6 +124,8 @@ def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_fi
     # Nor as ranked with extra features; those go to another --work, which may reuse the mined groups.
     assert main([*args, "--features", "cooc_last1"]) == 1
     assert "--features" in capsys.readouterr().err
+    assert main([*args, "--mlp-members", "2"]) == 1
+    assert "--mlp-members" in capsys.readouterr().err
     extra = tmp_path / "extra"
     shutil.copytree(out / "runs" / "seed3" / "mining", extra / "runs" / "seed3" / "mining")
     extra_args = ["bench", "two-stage", "--artifact", str(bundle), "--data", str(data), "--out", str(extra),
