@@ -45,6 +45,8 @@ class RankerConfig(BaseModel):
     sources: tuple[Source, ...] = ("retriever",)
     cooc_share: float = Field(0.25, ge=0.0, le=1.0)
     features: tuple[str, ...] = ()  # extra ranker features (`ranker.extras.EXTRA_FEATURES`) after the base ones
+    # The MLP ranker as an ensemble of this many networks (`MLPConfig.members`); LightGBM ignores it
+    members: int = Field(1, ge=1, le=16)
 
     @property
     def holdout(self) -> bool:

@@ -33,12 +33,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.tables import markdown_table
 from ranker.config import HOLDOUT_PER_USER, HOLDOUT_STOP_SHARE, RankerConfig
 from retriever.artifact import load_artifact
 from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError
+from retriever.errors import SeqrecError, validation_message
 from retriever.repeats import LEGACY_REPEATS
 
 log = logging.getLogger(__name__)
@@ -49,8 +51,7 @@ ROWS = (("retriever", "retriever alone"), ("mlp", "retriever + MLP ranker"), ("l
 METRICS = (("test", "HR@10"), ("test", "NDCG@10"), ("valid", "NDCG@10"))
 
 
-def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: RankerConfig,
-             mlp_members: int = 1) -> dict[str, Any]:
+def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: RankerConfig) -> dict[str, Any]:
     """Train both rankers on one retriever (reusing what WORK already holds); its record."""
     artifact = load_artifact(artifact_path, with_index=False)
     seed = artifact.config.train.seed
@@ -61,7 +62,7 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
         if (record["retriever_version"] == artifact.manifest.version and record["depth"] == config.depth
                 and record["mining"].get("per_user", HOLDOUT_PER_USER) == config.holdout_per_user
                 and record.get("features", []) == list(config.features)
-                and record.get("mlp_members", 1) == mlp_members):
+                and record.get("mlp_members", 1) == config.members):
             return record
         raise SeqrecError(f"{folder} holds seed {seed} of another retriever, depth, --holdout-per-user, "
                           f"--features or --mlp-members; choose another --work")
@@ -78,12 +79,11 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
             shutil.rmtree(bundle, ignore_errors=True)
             shutil.copytree(retriever, bundle)
             log.info("seed %d: %s ranker", seed, kind)
-            train_ranker(bundle, data, config.model_copy(update={"kind": kind}), mined_dir=folder / "mining",
-                         mlp={"members": mlp_members})
+            train_ranker(bundle, data, config.model_copy(update={"kind": kind}), mined_dir=folder / "mining")
         rankers[kind] = json.loads((bundle / "ranker" / "manifest.json").read_text())
     record = seed_record(load_artifact(retriever, with_index=False).manifest.to_dict(), rankers, config.depth)
     record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version,
-                  features=list(config.features), mlp_members=mlp_members)
+                  features=list(config.features), mlp_members=config.members)
     atomic_write(record_path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))
     return record
 
@@ -226,12 +226,13 @@ def run_two_stage(args: argparse.Namespace) -> int:
         raise SeqrecError("give one --artifact per seed (trained retrievers), or --holdout-only")
     from offline.jobs.rank import checked_config
 
-    config = checked_config(RankerConfig(depth=args.depth, holdout_per_user=args.holdout_per_user,
-                                         features=args.features))
-    if args.mlp_members < 1:
-        raise SeqrecError(f"--mlp-members must be at least 1, got {args.mlp_members}")
+    try:
+        config = checked_config(RankerConfig(depth=args.depth, holdout_per_user=args.holdout_per_user,
+                                             features=args.features, members=args.mlp_members))
+    except ValidationError as err:
+        raise SeqrecError(validation_message(err)) from None
     for path in args.artifact:
-        run_seed(path, data, args.work, config, args.mlp_members)
+        run_seed(path, data, args.work, config)
     result = write_results(args.out, finished_records(args.work), command_line(args))
     print(results_table(result))
     return 0

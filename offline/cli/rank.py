@@ -109,7 +109,7 @@ def add_train_ranker_parser(sub: Subparsers, common: argparse.ArgumentParser) ->
     m.add_argument("--epochs", type=int, default=mlp_default("epochs"))
     m.add_argument("--lr", type=float, default=mlp_default("lr"))
     m.add_argument("--seed", type=int, default=mlp_default("seed"))
-    m.add_argument("--members", type=int, default=mlp_default("members"),
+    m.add_argument("--members", type=int, default=ranker_default("members"),
                    help="networks trained from seeds --seed, --seed + 1, ... whose mean logit scores (an ensemble)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
     p.set_defaults(handler=_train_ranker)
@@ -122,17 +122,14 @@ def _train_ranker(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     if not 0.0 <= args.id_dropout < 1.0:
         raise SeqrecError(f"--id-dropout must be in [0, 1), got {args.id_dropout}")
-    if args.members < 1:
-        raise SeqrecError(f"--members must be at least 1, got {args.members}")
     try:
         config = RankerConfig(kind=args.kind, mining=args.mining, depth=args.depth, per_user=args.per_user,
                               holdout_per_user=args.holdout_per_user, sources=args.sources,
-                              cooc_share=args.cooc_share, features=args.features)
+                              cooc_share=args.cooc_share, features=args.features, members=args.members)
     except ValidationError as err:
         raise SeqrecError(validation_message(err)) from None
     data = load_prepared(args.data)
-    mlp = {"loss": args.loss, "id_dropout": args.id_dropout, "epochs": args.epochs, "lr": args.lr, "seed": args.seed,
-           "members": args.members}
+    mlp = {"loss": args.loss, "id_dropout": args.id_dropout, "epochs": args.epochs, "lr": args.lr, "seed": args.seed}
     manifest = train_ranker(args.artifact, data, config, mined_dir=args.mined, mlp=mlp, lgbm={"seed": args.seed})
     summary = {"artifact": str(args.artifact), "kind": manifest.kind, "selection": manifest.selection,
                "mining": manifest.mining, "training_seconds": (manifest.training or {})["seconds"],

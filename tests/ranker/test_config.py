@@ -19,8 +19,8 @@ def test_the_commands_and_the_pipeline_take_the_same_defaults() -> None:
     assert (config.kind, config.mining, config.depth, config.per_user) == ("auto", "holdout", 100, 3)
     train_ranker = _defaults("train-ranker")
     assert (train_ranker["kind"], train_ranker["mining"]) == (config.kind, config.mining)
-    assert (train_ranker["sources"], train_ranker["cooc_share"], train_ranker["features"]) == (
-        config.sources, config.cooc_share, config.features)
+    assert (train_ranker["sources"], train_ranker["cooc_share"], train_ranker["features"], train_ranker["members"]) == (
+        config.sources, config.cooc_share, config.features, config.members)
     mine = _defaults("mine")
     for flags in (mine, train_ranker):
         assert (flags["depth"], flags["per_user"], flags["holdout_per_user"]) == (
@@ -33,12 +33,14 @@ def test_the_commands_and_the_pipeline_take_the_same_defaults() -> None:
     assert section.ranker == RankerSection()
     assert section.ranker.model_dump() == config.model_dump() == {
         "kind": "auto", "mining": "holdout", "depth": 100, "per_user": 3, "holdout_per_user": 2,
-        "sources": ("retriever",), "cooc_share": 0.25, "features": ()}
+        "sources": ("retriever",), "cooc_share": 0.25, "features": (), "members": 1}
+    assert mlp.members == config.members == 1
 
 
 def test_a_pipeline_config_is_held_to_the_bounds_the_cli_leaves_to_mining() -> None:
     for bad in ({"depth": 5}, {"depth": 2001}, {"per_user": 0}, {"holdout_per_user": 1}, {"kind": "forest"},
-                {"extra": 1}, {"sources": ["retriever", "ease"]}, {"cooc_share": 1.5}):
+                {"extra": 1}, {"sources": ["retriever", "ease"]}, {"cooc_share": 1.5}, {"members": 0},
+                {"members": 17}):
         with pytest.raises(ValidationError):
             RankerSection.model_validate(bad)
     assert RankerConfig(depth=5000).depth == 5000  # the CLI's --depth has no ceiling; mining checks the floor

@@ -233,6 +233,8 @@ def test_cli_errors_are_one_line(bundle: Path, prepared: Path, tmp_path: Path, c
     assert "holds no ranker" in capsys.readouterr().err
     assert main(["train-ranker", "--artifact", str(bundle), "--data", str(prepared), "--id-dropout", "1.5"]) == 1
     assert "--id-dropout" in capsys.readouterr().err
+    assert main(["train-ranker", "--artifact", str(bundle), "--data", str(prepared), "--members", "0"]) == 1
+    assert "members" in capsys.readouterr().err
     for command in ("train-ranker", "mine"):
         assert main([command, "--artifact", str(bundle), "--data", str(prepared), "--holdout-per-user", "1",
                      *(["--out", str(tmp_path / "m1")] if command == "mine" else [])]) == 1
