@@ -7,7 +7,8 @@ Each case builds its config's model for the prepared dataset's catalogue (its it
 seeded, untrained weights (the time of a forward pass does not depend on training), compiles the served
 encoder as `seqrec train` does (`retriever.compiled.write_encoder`, its parity check included) and times
 `Bundle.encode`'s two paths on the same batches: eager (``Retriever.user_vectors`` in inference mode) and
-ONNX Runtime, then the MLP ranker's scorer the same way (``--candidates`` per request). Batches are real
+ONNX Runtime, then the MLP ranker's scorer the same way (``--candidates`` per request; with
+``--mlp-members 1,3`` a single network and an ensemble of three, `MLPConfig.members`). Batches are real
 test-split histories (the last ``length`` items, left-padded to ``length``), at every batch size and length
 asked for up to the model's max_len; the two paths alternate call by call (which one goes first alternates
 too), so a change in the machine's load reaches both alike. Writes
@@ -117,17 +118,18 @@ def time_pair(model: Retriever, compiled: Any, ids: torch.Tensor, reps: int, war
     return row
 
 
-def time_mlp(n_items: int, dim: int, batch: int, candidates: int, args: argparse.Namespace) -> dict[str, Any]:
+def time_mlp(n_items: int, dim: int, batch: int, candidates: int, args: argparse.Namespace,
+             members: int = 1) -> dict[str, Any]:
     """The MLP ranker's scorer (default sizes, seeded untrained weights) eager against ONNX Runtime."""
     torch.manual_seed(args.seed)
-    mlp = MLPRanker(MLPConfig(n_items=n_items, n_meta=MLP_META, n_year_buckets=20, dim=dim)).eval()
+    mlp = MLPRanker(MLPConfig(n_items=n_items, n_meta=MLP_META, n_year_buckets=20, dim=dim, members=members)).eval()
     with tempfile.TemporaryDirectory() as work:
         reason = write_mlp(Path(work), mlp)
         if reason is not None:
             raise SystemExit(f"the MLP ranker does not compile: {reason}")
         compiled = load_mlp(Path(work), mlp, threads=args.threads)
     (features,) = smoke_batches(mlp, ((batch, candidates, 3),), seed=args.seed)
-    row = {"batch": batch, "candidates": candidates,
+    row = {"members": members, "batch": batch, "candidates": candidates,
            **summary(alternate({"eager": lambda: mlp.score(features), "onnx": lambda: compiled.score(features)},
                                args.reps, args.warmup))}
     expected, got = mlp.score(features), compiled.score(features)
@@ -155,8 +157,8 @@ def run_case(name: str, config_path: Path, data_path: Path, args: argparse.Names
         ids = histories(data, batch, length, rng)
         rows.append({"length": length, "batch": batch, "real_items_mean": round(float((ids > 0).sum(1).float()
                      .mean()), 1), **time_pair(model, compiled, ids, args.reps, args.warmup)})
-    mlp_rows = [time_mlp(data.n_items, int(model.item_vectors().shape[1]), batch, args.candidates, args)
-                for batch in args.mlp_batches]
+    mlp_rows = [time_mlp(data.n_items, int(model.item_vectors().shape[1]), batch, args.candidates, args, members)
+                for members in args.mlp_members for batch in args.mlp_batches]
     skipped = [length for length in args.lengths if length > max_len]
     return {"case": name, "config": str(config_path), "data": str(data_path), "n_items": data.n_items,
             "max_len": max_len, "backbone": config.model.backbone,
@@ -189,8 +191,8 @@ def write_report(out: Path, record: dict[str, Any]) -> None:
         "The MLP ranker's scorer (its default sizes for the case's catalogue and vector size, untrained, "
         f"{MLP_META} metadata values, 3 per candidate), eager (`MLPRanker.score`) against ONNX Runtime "
         "(`ranker.compiled`), timed the same way:", "",
-        markdown_table(["case", "batch", "candidates", *head[3:]],
-                       [[c["case"], r["batch"], r["candidates"], *_cells(r)]
+        markdown_table(["case", "networks (`members`)", "batch", "candidates", *head[3:]],
+                       [[c["case"], r.get("members", 1), r["batch"], r["candidates"], *_cells(r)]
                         for c in record["cases"] for r in c["mlp_rows"]]), "",
         f"Conditions: {record['machine']}; load average {record['load_before']} before, {record['load_after']} "
         f"after. {record['remark']}", "",
@@ -211,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
     parser.add_argument("--lengths", default="50,200", help="comma-separated history lengths")
     parser.add_argument("--mlp-batches", default="1,8", help="comma-separated batch sizes of the MLP ranker")
+    parser.add_argument("--mlp-members", default="1",
+                        help="comma-separated ensemble sizes of the MLP ranker (`MLPConfig.members`)")
     parser.add_argument("--candidates", type=int, default=200, help="candidates per request the MLP scores")
     parser.add_argument("--reps", type=int, default=40, help="timed calls per path and cell")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per path and cell")
@@ -221,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     args.batches = [int(b) for b in args.batches.split(",")]
     args.lengths = [int(n) for n in args.lengths.split(",")]
     args.mlp_batches = [int(b) for b in args.mlp_batches.split(",")]
+    args.mlp_members = [int(k) for k in args.mlp_members.split(",")]
+    if min(args.mlp_members) < 1:
+        parser.error(f"--mlp-members must be at least 1, got {min(args.mlp_members)}")
     torch.set_num_threads(args.threads)
     load_before = [round(x, 2) for x in os.getloadavg()]
     cases = [run_case(name, Path(config), Path(data), args) for name, config, data in args.case]

@@ -17,7 +17,7 @@ def test_the_bench_times_both_paths_and_writes_its_tables(tmp_path: Path) -> Non
     out = tmp_path / "out"
     assert main(["--case", "tiny", str(config), str(data), "--out", str(out), "--batches", "1,4",
                  "--lengths", "6,10,50", "--reps", "3", "--warmup", "1", "--mlp-batches", "2",
-                 "--candidates", "7"]) == 0
+                 "--candidates", "7", "--mlp-members", "1,3"]) == 0
     record = json.loads((out / "compiled.json").read_text())
     (case,) = record["cases"]
     assert case["max_len"] == 10
@@ -29,9 +29,10 @@ def test_the_bench_times_both_paths_and_writes_its_tables(tmp_path: Path) -> Non
         assert row["speedup"] == round(row["eager_ms"] / row["onnx_ms"], 2)
         assert row["cpu_speedup"] == round(row["eager_cpu_ms"] / row["onnx_cpu_ms"], 2)
         assert row["max_abs_diff"] <= 1e-4
-    (mlp,) = case["mlp_rows"]
-    assert (mlp["batch"], mlp["candidates"]) == (2, 7)
-    assert mlp["max_abs_diff"] <= 1e-4
+    assert [(r["members"], r["batch"], r["candidates"]) for r in case["mlp_rows"]] == [(1, 2, 7), (3, 2, 7)]
+    for mlp in case["mlp_rows"]:  # an ensemble compiles to one graph that scores as the eager ensemble
+        assert mlp["max_abs_diff"] <= 1e-4
     table = (out / "compiled.md").read_text()
     assert "| tiny | 6 | 1 |" in table
+    assert "| tiny | 3 | 2 | 7 |" in table
     assert "lengths [50] exceed its max_len" in table
