@@ -345,11 +345,15 @@ def _meta_features(dense: np.ndarray, t: TableArrays, history: np.ndarray, hist_
 
 
 def standardize_stats(dense: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-column mean and std over valid candidate slots (for the MLP's fixed input scaling)."""
+    """Per-column mean and std over valid candidate slots (for the MLP's fixed input scaling).
+
+    A column constant over the sample keeps scale 1 (only its mean is taken off): dividing by a
+    near-zero std would turn any later value of it (an unknown item's flag) into a huge input.
+    """
     rows = dense[valid]
     mean = rows.mean(0)
-    std = rows.std(0).clamp(min=1e-6)
-    return mean, std
+    std = rows.std(0)
+    return mean, torch.where(std > 1e-6, std, torch.ones_like(std))
 
 
 def feature_spec(tables: ItemTables, dim: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -171,8 +171,13 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
     if len(train) == 0:
         raise ValueError("no training group holds its target among the candidates; raise the mining depth")
     model = MLPRanker(config)
+    # Input scaling from the inputs the network trains on: ID dropout included, so an ID-masked candidate's
+    # zeroed columns and its is_unknown flag are part of the statistics.
     sample = np.sort(np.random.default_rng(config.seed).permutation(len(train))[:4096])
-    batch = features(source, train, sample)
+    shape = train.mined.candidates[sample].shape
+    mask = (torch.rand(shape, generator=torch.Generator().manual_seed(config.seed)) < config.id_dropout
+            if config.id_dropout > 0 else None)
+    batch = features(source, train, sample, mask)
     model.set_scaling(*standardize_stats(batch.dense, batch.valid))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     labels = torch.from_numpy(train.mined.label)

@@ -19,8 +19,9 @@ later run with ``--artifact`` reuses them when the configs agree. ``--holdout-pe
 holdout retrievers that never saw each user's last N training items (`RankerConfig.holdout_per_user`).
 ``--features a,b`` trains both rankers with those extra features (`ranker.extras`; a separate ``--work``,
 whose ``seed<seed>/mining`` may be a copy of another work folder's: the groups do not depend on features).
-``--mlp-members K`` makes the MLP ranker an ensemble of K networks (`MLPConfig.members`; a separate
-``--work`` as with ``--features``).
+``--mlp-members K`` makes the MLP ranker an ensemble of K networks (`MLPConfig.members`) and
+``--mlp-id-dropout P`` trains it with that ID dropout (`MLPConfig.id_dropout`); each a separate ``--work``
+as with ``--features``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pydantic import ValidationError
 
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.tables import markdown_table
-from ranker.config import HOLDOUT_PER_USER, HOLDOUT_STOP_SHARE, RankerConfig
+from ranker.config import HOLDOUT_PER_USER, HOLDOUT_STOP_SHARE, RankerConfig, mlp_default
 from retriever.artifact import load_artifact
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError, validation_message
@@ -46,12 +47,14 @@ from retriever.repeats import LEGACY_REPEATS
 log = logging.getLogger(__name__)
 
 KINDS = ("mlp", "lgbm")
+ID_DROPOUT: float = mlp_default("id_dropout")
 ROWS = (("retriever", "retriever alone"), ("mlp", "retriever + MLP ranker"), ("lgbm", "retriever + LightGBM ranker"),
         ("mlp_ids_masked", "MLP ranker, all item IDs masked (cold-start simulation)"))
 METRICS = (("test", "HR@10"), ("test", "NDCG@10"), ("valid", "NDCG@10"))
 
 
-def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: RankerConfig) -> dict[str, Any]:
+def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: RankerConfig,
+             id_dropout: float = ID_DROPOUT) -> dict[str, Any]:
     """Train both rankers on one retriever (reusing what WORK already holds); its record."""
     artifact = load_artifact(artifact_path, with_index=False)
     seed = artifact.config.train.seed
@@ -62,10 +65,11 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
         if (record["retriever_version"] == artifact.manifest.version and record["depth"] == config.depth
                 and record["mining"].get("per_user", HOLDOUT_PER_USER) == config.holdout_per_user
                 and record.get("features", []) == list(config.features)
-                and record.get("mlp_members", 1) == config.members):
+                and record.get("mlp_members", 1) == config.members
+                and record.get("mlp_id_dropout", ID_DROPOUT) == id_dropout):
             return record
         raise SeqrecError(f"{folder} holds seed {seed} of another retriever, depth, --holdout-per-user, "
-                          f"--features or --mlp-members; choose another --work")
+                          f"--features, --mlp-members or --mlp-id-dropout; choose another --work")
     from offline.jobs.rank import train_ranker
 
     retriever = folder / "retriever"
@@ -79,11 +83,12 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
             shutil.rmtree(bundle, ignore_errors=True)
             shutil.copytree(retriever, bundle)
             log.info("seed %d: %s ranker", seed, kind)
-            train_ranker(bundle, data, config.model_copy(update={"kind": kind}), mined_dir=folder / "mining")
+            train_ranker(bundle, data, config.model_copy(update={"kind": kind}), mined_dir=folder / "mining",
+                         mlp={"id_dropout": id_dropout})
         rankers[kind] = json.loads((bundle / "ranker" / "manifest.json").read_text())
     record = seed_record(load_artifact(retriever, with_index=False).manifest.to_dict(), rankers, config.depth)
     record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version,
-                  features=list(config.features), mlp_members=config.members)
+                  features=list(config.features), mlp_members=config.members, mlp_id_dropout=id_dropout)
     atomic_write(record_path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))
     return record
 
@@ -114,10 +119,12 @@ def summarize_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean and sample std (n - 1) over seeds of every row, split and metric."""
     depth = records[0]["depth"]
     features, members = records[0].get("features", []), records[0].get("mlp_members", 1)
+    id_dropout = records[0].get("mlp_id_dropout", ID_DROPOUT)
     if any(r["depth"] != depth or r["repeats"] != records[0]["repeats"] or r.get("features", []) != features
-           or r.get("mlp_members", 1) != members for r in records):
-        raise SeqrecError("the seeds under OUT/runs differ in candidate depth, repeat policy, extra features or "
-                          "MLP members")
+           or r.get("mlp_members", 1) != members or r.get("mlp_id_dropout", ID_DROPOUT) != id_dropout
+           for r in records):
+        raise SeqrecError("the seeds under OUT/runs differ in candidate depth, repeat policy, extra features, "
+                          "MLP members or MLP ID dropout")
     names = [name for name, _ in ROWS] + [f"recall@{depth}"]
     rows: dict[str, Any] = {}
     for name in names:
@@ -126,6 +133,7 @@ def summarize_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
             keys = [k for k, v in records[0]["rows"][name][split].items() if isinstance(v, float | int)]
             rows[name][split] = {k: _mean_std([float(r["rows"][name][split][k]) for r in records]) for k in keys}
     return {"seeds": [r["seed"] for r in records], "depth": depth, "features": features, "mlp_members": members,
+            "mlp_id_dropout": id_dropout,
             "repeats": records[0]["repeats"],
             "repeat_targets": records[0]["repeat_targets"], "auto_choice": [r["auto_choice"] for r in records],
             "rows": rows}
@@ -157,6 +165,8 @@ def write_results(out: Path, records: list[dict[str, Any]], command: str) -> dic
     extras = f" plus the extra features {', '.join(summary['features'])}" if summary["features"] else ""
     if summary["mlp_members"] > 1:
         extras += f", the MLP an ensemble of {summary['mlp_members']} networks (mean logit)"
+    if summary["mlp_id_dropout"] != ID_DROPOUT:
+        extras += f", the MLP's ID dropout {summary['mlp_id_dropout']}"
     text = "\n".join([
         f"# Two-stage results: {len(records)} seed(s) {', '.join(map(str, summary['seeds']))}", "",
         f"Full ranking over all items, pessimistic ties, leave-one-out (test = last item, validation = the one "
@@ -204,6 +214,8 @@ def command_line(args: argparse.Namespace) -> str:
         parts.append(f"--features {','.join(args.features)}")
     if args.mlp_members != 1:
         parts.append(f"--mlp-members {args.mlp_members}")
+    if args.mlp_id_dropout != ID_DROPOUT:
+        parts.append(f"--mlp-id-dropout {args.mlp_id_dropout}")
     return " ".join(parts + ([f"--threads {args.threads}"] if args.threads else []))
 
 
@@ -231,8 +243,10 @@ def run_two_stage(args: argparse.Namespace) -> int:
                                              features=args.features, members=args.mlp_members))
     except ValidationError as err:
         raise SeqrecError(validation_message(err)) from None
+    if not 0.0 <= args.mlp_id_dropout < 1.0:
+        raise SeqrecError(f"--mlp-id-dropout must be in [0, 1), got {args.mlp_id_dropout}")
     for path in args.artifact:
-        run_seed(path, data, args.work, config)
+        run_seed(path, data, args.work, config, args.mlp_id_dropout)
     result = write_results(args.out, finished_records(args.work), command_line(args))
     print(results_table(result))
     return 0

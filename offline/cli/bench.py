@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from offline.cli.common import parse_names
-from ranker.config import ranker_default
+from ranker.config import mlp_default, ranker_default
 
 SubParsers = argparse._SubParsersAction  # argparse exposes no public name for it
 DEVICES = ["auto", "cpu", "cuda"]
@@ -266,6 +266,8 @@ def _add_two_stage(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     two.add_argument("--features", type=parse_names, default=(),
                      help="comma-separated extra ranker features for both rankers (ranker/extras.py; "
                      "use another --work than the base run's)")
+    two.add_argument("--mlp-id-dropout", type=float, default=mlp_default("id_dropout"),
+                     help="the MLP ranker's ID dropout (default: seqrec train-ranker's)")
     two.add_argument("--mlp-members", type=int, default=1,
                      help="the MLP ranker as an ensemble of this many networks (mean logit; default 1)")
     two.add_argument("--holdout-only", action="store_true",

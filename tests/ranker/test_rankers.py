@@ -140,6 +140,19 @@ def test_a_ranker_from_another_retriever_or_a_corrupt_file_is_refused(setup, tmp
         load_ranker(bundle, artifact.manifest)
 
 
+def test_input_scaling_is_fitted_on_the_inputs_the_network_trains_on(setup) -> None:  # type: ignore[no-untyped-def]
+    # The scaling was once fitted on unmasked candidates alone: is_unknown, constant 0 there, got std 1e-6, so
+    # every ID-dropped candidate fed 1e6 into the network (listwise losses in the thousands).
+    flag = COLUMN["is_unknown"]
+    dropped = _mlp(setup, id_dropout=0.3, epochs=1)[0]
+    assert float(dropped.dense_std[flag]) == pytest.approx((0.3 * 0.7) ** 0.5, abs=0.05)
+    assert 0.25 < float(dropped.dense_mean[flag]) < 0.35
+    kept = _mlp(setup, id_dropout=0.0, epochs=1)[0]  # never unknown in training: scale 1, mean 0
+    assert float(kept.dense_std[flag]) == 1.0
+    assert float(kept.dense_mean[flag]) == 0.0
+    assert bool(torch.all(kept.dense_std >= 1e-6))
+
+
 def test_masked_ids_use_the_unknown_vector_so_the_id_no_longer_matters(setup) -> None:  # type: ignore[no-untyped-def]
     _, _, groups, source = setup
     model: MLPRanker = _mlp(setup, id_dropout=0.5)[0]

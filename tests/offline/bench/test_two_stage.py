@@ -44,6 +44,9 @@ def test_mean_and_sample_std_over_seeds_written_out_by_hand() -> None:
     with pytest.raises(Exception, match="MLP members"):
         summarize_seeds([_record(42, 0.1), {**_record(123, 0.3), "mlp_members": 3}])
     assert summary["mlp_members"] == 1
+    with pytest.raises(Exception, match="MLP ID dropout"):
+        summarize_seeds([_record(42, 0.1), {**_record(123, 0.3), "mlp_id_dropout": 0.1}])
+    assert summary["mlp_id_dropout"] == 0.3  # a record written before the flag: the default it trained with
 
 
 def test_unknown_extra_feature_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -75,6 +78,8 @@ def test_results_are_written_into_an_out_folder_nothing_made_yet(tmp_path: Path)
         out / "results.md").read_text()
     write_results(out, [{**_record(42, 0.1), "mlp_members": 3}], "seqrec bench two-stage ...")
     assert "defaults, the MLP an ensemble of 3 networks (mean logit)," in (out / "results.md").read_text()
+    write_results(out, [{**_record(42, 0.1), "mlp_id_dropout": 0.1}], "seqrec bench two-stage ...")
+    assert "defaults, the MLP's ID dropout 0.1," in (out / "results.md").read_text()
 
 
 @pytest.mark.slow
@@ -126,6 +131,10 @@ def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_fi
     assert "--features" in capsys.readouterr().err
     assert main([*args, "--mlp-members", "2"]) == 1
     assert "--mlp-members" in capsys.readouterr().err
+    assert main([*args, "--mlp-id-dropout", "0.1"]) == 1
+    assert "--mlp-id-dropout" in capsys.readouterr().err
+    assert main([*args, "--mlp-id-dropout", "1.5"]) == 1
+    assert "--mlp-id-dropout must be in [0, 1)" in capsys.readouterr().err
     extra = tmp_path / "extra"
     shutil.copytree(out / "runs" / "seed3" / "mining", extra / "runs" / "seed3" / "mining")
     extra_args = ["bench", "two-stage", "--artifact", str(bundle), "--data", str(data), "--out", str(extra),
