@@ -61,7 +61,7 @@ def test_pipeline_runs_every_stage_and_publishes_atomically(tmp_path: Path, caps
     record = json.loads((current / "pipeline.json").read_text())
     assert list(record) == ["config", "stages", "published_at"]  # the keys written before records were typed
     assert list(record["config"]["ranker"]) == ["kind", "mining", "depth", "per_user", "holdout_per_user", "sources",
-                                                "cooc_share", "features"]
+                                                "cooc_share", "features", "members"]
     assert all(next(iter(stage)) == "seconds" for stage in record["stages"].values())
     assert list(record["stages"]) == list(STAGES[:-1])
     assert record["stages"]["evaluate"]["system"] == "two-stage"
