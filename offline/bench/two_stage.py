@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 
 KINDS = ("mlp", "lgbm")
 ID_DROPOUT: float = mlp_default("id_dropout")
+LEGACY_ID_DROPOUT = 0.3  # what the MLP of a record written before --mlp-id-dropout trained with
+# 2: the MLP's input scaling is fitted on its training inputs (ID dropout included); a record without
+# the key comes from before that fix (`ranker.train.fit_mlp`) and is not reused nor averaged with newer ones
+MLP_SCALING = 2
 ROWS = (("retriever", "retriever alone"), ("mlp", "retriever + MLP ranker"), ("lgbm", "retriever + LightGBM ranker"),
         ("mlp_ids_masked", "MLP ranker, all item IDs masked (cold-start simulation)"))
 METRICS = (("test", "HR@10"), ("test", "NDCG@10"), ("valid", "NDCG@10"))
@@ -62,11 +66,14 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
     record_path = folder / "record.json"
     if record_path.exists():
         record: dict[str, Any] = json.loads(record_path.read_text())
+        if record.get("mlp_scaling", 1) != MLP_SCALING:
+            raise SeqrecError(f"{folder} holds seed {seed} ranked before the MLP input-scaling fix; choose "
+                              f"another --work (its mining folder may be copied there)")
         if (record["retriever_version"] == artifact.manifest.version and record["depth"] == config.depth
                 and record["mining"].get("per_user", HOLDOUT_PER_USER) == config.holdout_per_user
                 and record.get("features", []) == list(config.features)
                 and record.get("mlp_members", 1) == config.members
-                and record.get("mlp_id_dropout", ID_DROPOUT) == id_dropout):
+                and record.get("mlp_id_dropout", LEGACY_ID_DROPOUT) == id_dropout):
             return record
         raise SeqrecError(f"{folder} holds seed {seed} of another retriever, depth, --holdout-per-user, "
                           f"--features, --mlp-members or --mlp-id-dropout; choose another --work")
@@ -88,7 +95,8 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
         rankers[kind] = json.loads((bundle / "ranker" / "manifest.json").read_text())
     record = seed_record(load_artifact(retriever, with_index=False).manifest.to_dict(), rankers, config.depth)
     record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version,
-                  features=list(config.features), mlp_members=config.members, mlp_id_dropout=id_dropout)
+                  features=list(config.features), mlp_members=config.members, mlp_id_dropout=id_dropout,
+                  mlp_scaling=MLP_SCALING)
     atomic_write(record_path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))
     return record
 
@@ -119,12 +127,12 @@ def summarize_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean and sample std (n - 1) over seeds of every row, split and metric."""
     depth = records[0]["depth"]
     features, members = records[0].get("features", []), records[0].get("mlp_members", 1)
-    id_dropout = records[0].get("mlp_id_dropout", ID_DROPOUT)
+    id_dropout = records[0].get("mlp_id_dropout", LEGACY_ID_DROPOUT)
     if any(r["depth"] != depth or r["repeats"] != records[0]["repeats"] or r.get("features", []) != features
-           or r.get("mlp_members", 1) != members or r.get("mlp_id_dropout", ID_DROPOUT) != id_dropout
-           for r in records):
+           or r.get("mlp_members", 1) != members or r.get("mlp_id_dropout", LEGACY_ID_DROPOUT) != id_dropout
+           or r.get("mlp_scaling", 1) != records[0].get("mlp_scaling", 1) for r in records):
         raise SeqrecError("the seeds under OUT/runs differ in candidate depth, repeat policy, extra features, "
-                          "MLP members or MLP ID dropout")
+                          "MLP members, MLP ID dropout or MLP input scaling (before or after its fix)")
     names = [name for name, _ in ROWS] + [f"recall@{depth}"]
     rows: dict[str, Any] = {}
     for name in names:

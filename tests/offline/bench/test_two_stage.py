@@ -47,6 +47,8 @@ def test_mean_and_sample_std_over_seeds_written_out_by_hand() -> None:
     with pytest.raises(Exception, match="MLP ID dropout"):
         summarize_seeds([_record(42, 0.1), {**_record(123, 0.3), "mlp_id_dropout": 0.1}])
     assert summary["mlp_id_dropout"] == 0.3  # a record written before the flag: the default it trained with
+    with pytest.raises(Exception, match="input scaling"):
+        summarize_seeds([_record(42, 0.1), {**_record(123, 0.3), "mlp_scaling": 2}])
 
 
 def test_unknown_extra_feature_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -135,6 +137,13 @@ def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_fi
     assert "--mlp-id-dropout" in capsys.readouterr().err
     assert main([*args, "--mlp-id-dropout", "1.5"]) == 1
     assert "--mlp-id-dropout must be in [0, 1)" in capsys.readouterr().err
+    # A seed ranked before the MLP input-scaling fix (its record has no "mlp_scaling") is not reused.
+    record_path = out / "runs" / "seed3" / "record.json"
+    saved = record_path.read_text()
+    record_path.write_text(json.dumps({k: v for k, v in json.loads(saved).items() if k != "mlp_scaling"}))
+    assert main(args) == 1
+    assert "before the MLP input-scaling fix" in capsys.readouterr().err
+    record_path.write_text(saved)
     extra = tmp_path / "extra"
     shutil.copytree(out / "runs" / "seed3" / "mining", extra / "runs" / "seed3" / "mining")
     extra_args = ["bench", "two-stage", "--artifact", str(bundle), "--data", str(data), "--out", str(extra),
