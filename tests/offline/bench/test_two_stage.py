@@ -80,8 +80,8 @@ def test_results_are_written_into_an_out_folder_nothing_made_yet(tmp_path: Path)
         out / "results.md").read_text()
     write_results(out, [{**_record(42, 0.1), "mlp_members": 3}], "seqrec bench two-stage ...")
     assert "defaults, the MLP an ensemble of 3 networks (mean logit)," in (out / "results.md").read_text()
-    write_results(out, [{**_record(42, 0.1), "mlp_id_dropout": 0.1}], "seqrec bench two-stage ...")
-    assert "defaults, the MLP's ID dropout 0.1," in (out / "results.md").read_text()
+    write_results(out, [{**_record(42, 0.1), "mlp_id_dropout": 0.3}], "seqrec bench two-stage ...")
+    assert "defaults, the MLP's ID dropout 0.3," in (out / "results.md").read_text()
 
 
 @pytest.mark.slow
@@ -133,7 +133,7 @@ def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_fi
     assert "--features" in capsys.readouterr().err
     assert main([*args, "--mlp-members", "2"]) == 1
     assert "--mlp-members" in capsys.readouterr().err
-    assert main([*args, "--mlp-id-dropout", "0.1"]) == 1
+    assert main([*args, "--mlp-id-dropout", "0.3"]) == 1
     assert "--mlp-id-dropout" in capsys.readouterr().err
     assert main([*args, "--mlp-id-dropout", "1.5"]) == 1
     assert "--mlp-id-dropout must be in [0, 1)" in capsys.readouterr().err
