@@ -164,6 +164,8 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
     train_source: item vectors of the retriever that mined the training groups, when that is
     not the served one (holdout mining); features must come from the model that ranked them.
     """
+    if config.members != 1:
+        raise ValueError("fit_mlp trains one network; an ensemble is fit_mlp_ensemble's")
     valid_source, source = source, train_source or source
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)

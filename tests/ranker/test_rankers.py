@@ -21,6 +21,7 @@ from ranker.train import (
     config_for,
     features,
     fit_lgbm_ranker,
+    fit_mlp,
     fit_mlp_ensemble,
     group_ranks,
     make_groups,
@@ -121,6 +122,8 @@ def test_an_ensemble_scores_with_its_members_mean_logit_and_round_trips(setup, t
     assert torch.equal(loaded.ranker.score(batch), got)
     # one member keeps the weight names rankers written before ensembles have
     assert set(alone[0].state_dict()) == {k for k in ensemble.state_dict() if not k.startswith("others.")}
+    with pytest.raises(ValueError, match="one network"):
+        fit_mlp(ensemble.config, setup[3], groups["train"], groups["valid"], progress=False)
     with pytest.raises(ValueError, match="one shape"):
         MLPRanker.ensemble([alone[0], _mlp(setup, hidden=(16,))[0]])
 
