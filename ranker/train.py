@@ -157,6 +157,11 @@ def ndcg_at(ranks: np.ndarray, k: int = 10) -> float:
     return float(gains.mean()) if len(ranks) else 0.0
 
 
+def id_drop(shape: tuple[int, ...], p: float, generator: torch.Generator) -> Tensor | None:
+    """A (B, N) mask of the candidates ID dropout marks unknown (probability p); None when p is 0."""
+    return torch.rand(shape, generator=generator) < p if p > 0 else None
+
+
 def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Groups, *,
             train_source: FeatureSource | None = None, progress: bool = True) -> tuple[MLPRanker, list[dict[str, Any]]]:
     """Train on groups that hold their positive; early stopping on validation NDCG@10 (two-stage).
@@ -177,9 +182,8 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
     # zeroed columns and its is_unknown flag are part of the statistics.
     sample = np.sort(np.random.default_rng(config.seed).permutation(len(train))[:4096])
     shape = train.mined.candidates[sample].shape
-    mask = (torch.rand(shape, generator=torch.Generator().manual_seed(config.seed)) < config.id_dropout
-            if config.id_dropout > 0 else None)
-    batch = features(source, train, sample, mask)
+    scaling_drop = id_drop(shape, config.id_dropout, torch.Generator().manual_seed(config.seed))
+    batch = features(source, train, sample, scaling_drop)
     model.set_scaling(*standardize_stats(batch.dense, batch.valid))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     labels = torch.from_numpy(train.mined.label)
@@ -193,7 +197,7 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
                        disable=None if progress else True, leave=False):
             rows = np.sort(order[lo : lo + config.batch_size])
             shape = train.mined.candidates[rows].shape
-            drop = torch.rand(shape, generator=generator) < config.id_dropout if config.id_dropout > 0 else None
+            drop = id_drop(shape, config.id_dropout, generator)
             batch = features(source, train, rows, drop)
             logits = model(batch)
             loss = group_loss(logits, labels[rows], batch.valid, config.loss)

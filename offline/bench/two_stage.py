@@ -57,6 +57,14 @@ ROWS = (("retriever", "retriever alone"), ("mlp", "retriever + MLP ranker"), ("l
 METRICS = (("test", "HR@10"), ("test", "NDCG@10"), ("valid", "NDCG@10"))
 
 
+def ranker_settings(record: dict[str, Any]) -> dict[str, Any]:
+    """How a record's rankers were trained beyond the mining: the keys two seeds must share to be averaged
+    (a record written before a key existed reads as what it trained with then)."""
+    return {"features": record.get("features", []), "mlp_members": record.get("mlp_members", 1),
+            "mlp_id_dropout": record.get("mlp_id_dropout", LEGACY_ID_DROPOUT),
+            "mlp_scaling": record.get("mlp_scaling", 1)}
+
+
 def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: RankerConfig,
              id_dropout: float = ID_DROPOUT) -> dict[str, Any]:
     """Train both rankers on one retriever (reusing what WORK already holds); its record."""
@@ -64,6 +72,8 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
     seed = artifact.config.train.seed
     folder = work / f"seed{seed}"
     record_path = folder / "record.json"
+    settings = {"features": list(config.features), "mlp_members": config.members, "mlp_id_dropout": id_dropout,
+                "mlp_scaling": MLP_SCALING}
     if record_path.exists():
         record: dict[str, Any] = json.loads(record_path.read_text())
         if record.get("mlp_scaling", 1) != MLP_SCALING:
@@ -71,9 +81,7 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
                               f"another --work (its mining folder may be copied there)")
         if (record["retriever_version"] == artifact.manifest.version and record["depth"] == config.depth
                 and record["mining"].get("per_user", HOLDOUT_PER_USER) == config.holdout_per_user
-                and record.get("features", []) == list(config.features)
-                and record.get("mlp_members", 1) == config.members
-                and record.get("mlp_id_dropout", LEGACY_ID_DROPOUT) == id_dropout):
+                and ranker_settings(record) == settings):
             return record
         raise SeqrecError(f"{folder} holds seed {seed} of another retriever, depth, --holdout-per-user, "
                           f"--features, --mlp-members or --mlp-id-dropout; choose another --work")
@@ -94,9 +102,7 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
                          mlp={"id_dropout": id_dropout})
         rankers[kind] = json.loads((bundle / "ranker" / "manifest.json").read_text())
     record = seed_record(load_artifact(retriever, with_index=False).manifest.to_dict(), rankers, config.depth)
-    record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version,
-                  features=list(config.features), mlp_members=config.members, mlp_id_dropout=id_dropout,
-                  mlp_scaling=MLP_SCALING)
+    record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version, **settings)
     atomic_write(record_path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))
     return record
 
@@ -126,11 +132,9 @@ def _mean_std(values: list[float]) -> dict[str, float]:
 def summarize_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean and sample std (n - 1) over seeds of every row, split and metric."""
     depth = records[0]["depth"]
-    features, members = records[0].get("features", []), records[0].get("mlp_members", 1)
-    id_dropout = records[0].get("mlp_id_dropout", LEGACY_ID_DROPOUT)
-    if any(r["depth"] != depth or r["repeats"] != records[0]["repeats"] or r.get("features", []) != features
-           or r.get("mlp_members", 1) != members or r.get("mlp_id_dropout", LEGACY_ID_DROPOUT) != id_dropout
-           or r.get("mlp_scaling", 1) != records[0].get("mlp_scaling", 1) for r in records):
+    settings = ranker_settings(records[0])
+    if any(r["depth"] != depth or r["repeats"] != records[0]["repeats"] or ranker_settings(r) != settings
+           for r in records):
         raise SeqrecError("the seeds under OUT/runs differ in candidate depth, repeat policy, extra features, "
                           "MLP members, MLP ID dropout or MLP input scaling (before or after its fix)")
     names = [name for name, _ in ROWS] + [f"recall@{depth}"]
@@ -140,8 +144,8 @@ def summarize_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
         for split in ("valid", "test"):
             keys = [k for k, v in records[0]["rows"][name][split].items() if isinstance(v, float | int)]
             rows[name][split] = {k: _mean_std([float(r["rows"][name][split][k]) for r in records]) for k in keys}
-    return {"seeds": [r["seed"] for r in records], "depth": depth, "features": features, "mlp_members": members,
-            "mlp_id_dropout": id_dropout,
+    return {"seeds": [r["seed"] for r in records], "depth": depth, "features": settings["features"],
+            "mlp_members": settings["mlp_members"], "mlp_id_dropout": settings["mlp_id_dropout"],
             "repeats": records[0]["repeats"],
             "repeat_targets": records[0]["repeat_targets"], "auto_choice": [r["auto_choice"] for r in records],
             "rows": rows}

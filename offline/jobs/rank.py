@@ -243,7 +243,8 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     fitted: dict[str, tuple[Ranker, list[dict[str, Any]], float]] = {}
     for name in ("lgbm", "mlp") if config.kind == "auto" else (config.kind,):
         fit_start = time.perf_counter()
-        ranker, history = _fit(name, artifact, data, source, train_source, groups, mlp, lgbm, config.members)
+        ranker, history = _fit(name, artifact, data, source, train_source, groups,
+                               {"members": config.members, **(mlp or {})}, lgbm)
         fitted[name] = (ranker, history, time.perf_counter() - fit_start)
     served = {name: served_scorer(r) for name, (r, _, _) in fitted.items()}
     selection = {name: ndcg_at(group_ranks(served[name], source, groups["valid"], data.n_items,
@@ -373,9 +374,9 @@ def with_extras(source: FeatureSource, config: RankerConfig, cooc: CoocTable | N
 
 def _fit(name: str, artifact: RetrieverArtifact, data: PreparedDataset, source: FeatureSource,
          train_source: FeatureSource, groups: dict[str, Groups], mlp: dict[str, Any] | None,
-         lgbm: dict[str, Any] | None, members: int = 1) -> tuple[Ranker, list[dict[str, Any]]]:
+         lgbm: dict[str, Any] | None) -> tuple[Ranker, list[dict[str, Any]]]:
     if name == "mlp":
-        config = config_for(source, artifact.manifest.dim, data.n_items, **{"members": members, **(mlp or {})})
+        config = config_for(source, artifact.manifest.dim, data.n_items, **(mlp or {}))
         return fit_mlp_ensemble(config, source, groups["train"], groups["valid"], train_source=train_source)
     return fit_lgbm_ranker(source, groups["train"], groups["valid"], params=lgbm, train_source=train_source)
 
