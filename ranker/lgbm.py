@@ -6,6 +6,7 @@ groups. The model is saved in LightGBM's text format (never pickled).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,13 +41,16 @@ class LGBMRanker:
     kind: ClassVar[str] = "lgbm"
 
     def __init__(self, booster: lgb.Booster, params: dict[str, Any] | None = None,
-                 extra_features: tuple[str, ...] = ()) -> None:
+                 extra_features: tuple[str, ...] = (), inputs_sha256: str | None = None) -> None:
         expected = len(DENSE_FEATURES) + len(extra_features)
         if booster.num_feature() != expected:
             raise ValueError(f"booster has {booster.num_feature()} features; expected {expected}")
         self.booster = booster
         self.params = dict(params or {})
         self.extra_features = tuple(extra_features)
+        # digest of the training and validation matrices it was fitted on (`inputs_digest`): two fits that
+        # differ with equal digests differ in LightGBM, with different ones in their inputs
+        self.inputs_sha256 = inputs_sha256
 
     def score(self, batch: FeatureBatch) -> Tensor:
         """(B, N) scores; empty candidate slots get -inf."""
@@ -70,13 +74,25 @@ class LGBMRanker:
         config: dict[str, Any] = {"params": self.params, "best_iteration": self.booster.best_iteration}
         if self.extra_features:  # written only when present: a ranker without extras keeps its old record
             config["extra_features"] = list(self.extra_features)
+        if self.inputs_sha256:
+            config["inputs_sha256"] = self.inputs_sha256
         return {"files": [MODEL], "config": config}
 
     @classmethod
     def load(cls, folder: Path, config: dict[str, Any]) -> LGBMRanker:
         """config: what `save` returned under "config" (the manifest keeps it)."""
         return cls(lgb.Booster(model_file=str(folder / MODEL)), config.get("params"),
-                   tuple(config.get("extra_features", ())))
+                   tuple(config.get("extra_features", ())), config.get("inputs_sha256"))
+
+
+def inputs_digest(*arrays: np.ndarray) -> str:
+    """SHA-256 over the arrays' dtypes, shapes and bytes, in order."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def fit_lgbm(
@@ -97,4 +113,5 @@ def fit_lgbm(
     )
     curve = record.get("valid", {}).get("ndcg@10", [])
     history = [{"round": i + 1, "valid_ndcg@10_in_candidates": float(v)} for i, v in enumerate(curve)]
-    return LGBMRanker(booster, params, extra_features), history
+    return LGBMRanker(booster, params, extra_features,
+                      inputs_digest(train_x, train_y, train_groups, valid_x, valid_y, valid_groups)), history

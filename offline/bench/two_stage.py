@@ -120,9 +120,13 @@ def seed_record(retriever: dict[str, Any], rankers: dict[str, dict[str, Any]], d
             "mlp_ids_masked": mlp["metrics"]["ids_masked"],
             f"recall@{depth}": {s: {f"recall@{depth}": recall[s]} for s in ("valid", "test")}}
     auto = max(KINDS, key=lambda k: rows[k]["valid"]["NDCG@10"])
-    return {"depth": depth, "repeats": retriever.get("repeats", LEGACY_REPEATS),
-            "repeat_targets": retriever.get("repeat_targets"),
-            "mining": mining, "auto_choice": auto, "rows": rows}
+    record = {"depth": depth, "repeats": retriever.get("repeats", LEGACY_REPEATS),
+              "repeat_targets": retriever.get("repeat_targets"),
+              "mining": mining, "auto_choice": auto, "rows": rows}
+    digest = lgbm.get("config", {}).get("inputs_sha256")
+    if digest:  # rankers trained before the digest existed have none
+        record["lgbm_inputs_sha256"] = digest
+    return record
 
 
 def _mean_std(values: list[float]) -> dict[str, float]:

@@ -14,6 +14,7 @@ from offline.jobs.rank import item_tables, mine_splits, split_sources, user_enco
 from ranker.artifact import load_ranker, unit_item_vectors, write_ranker
 from ranker.config import RankerConfig
 from ranker.features import COLUMN
+from ranker.lgbm import LGBMRanker, inputs_digest
 from ranker.mlp import MLPRanker
 from ranker.train import (
     FeatureSource,
@@ -393,3 +394,30 @@ def test_mining_ranking_and_evaluation_follow_the_bundles_repeat_policy(
             assert result[split]["HR@20"] <= ceiling + 1e-9
         else:  # repeat targets are reachable, and the retriever returns them
             assert result["recall@20"][split] > ceiling
+
+
+def test_a_lightgbm_ranker_records_a_digest_of_the_inputs_it_was_fitted_on(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Runs on the same retriever and mined groups have given different LightGBM figures across machines; the
+    # digest in the ranker's record tells a difference in its inputs from one in LightGBM itself.
+    data, artifact, groups, source = setup
+    first, _ = fit_lgbm_ranker(source, groups["train"], groups["valid"], rounds=5, patience=5)
+    again, _ = fit_lgbm_ranker(source, groups["train"], groups["valid"], rounds=5, patience=5)
+    assert first.inputs_sha256 is not None
+    assert len(first.inputs_sha256) == 64
+    assert again.inputs_sha256 == first.inputs_sha256
+    fewer = groups["train"].subset(np.arange(len(groups["train"]) - 1))
+    other, _ = fit_lgbm_ranker(source, fewer, groups["valid"], rounds=5, patience=5)
+    assert other.inputs_sha256 != first.inputs_sha256
+    x = np.ones((4, 2))
+    nudged = x.copy()
+    nudged[3, 1] = np.nextafter(1.0, 2.0)  # one unit in the last place
+    assert inputs_digest(x) != inputs_digest(nudged)
+    assert inputs_digest(x) == inputs_digest(x.copy())
+    bundle = tmp_path / "b"
+    shutil.copytree(artifact.path, bundle)
+    write_ranker(bundle, first, item_tables(data, data.split()), retriever_manifest=artifact.manifest)
+    assert first.inputs_sha256 in (bundle / "ranker" / "manifest.json").read_text()
+    loaded = load_ranker(bundle, artifact.manifest)
+    assert loaded is not None
+    assert isinstance(loaded.ranker, LGBMRanker)
+    assert loaded.ranker.inputs_sha256 == first.inputs_sha256

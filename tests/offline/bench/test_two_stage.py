@@ -112,6 +112,8 @@ def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_fi
         ranker = json.loads((out / "runs" / "seed3" / kind / "ranker" / "manifest.json").read_text())
         assert ranker["kind"] == kind
         assert record["rows"][kind]["test"] == ranker["metrics"]["test"]
+    lgbm = json.loads((out / "runs" / "seed3" / "lgbm" / "ranker" / "manifest.json").read_text())
+    assert record["lgbm_inputs_sha256"] == lgbm["config"]["inputs_sha256"]  # what LightGBM was fitted on
     mlp = json.loads((out / "runs" / "seed3" / "mlp" / "ranker" / "manifest.json").read_text())
     assert record["rows"]["mlp_ids_masked"] == mlp["metrics"]["ids_masked"]
     valid = {k: record["rows"][k]["valid"]["NDCG@10"] for k in ("mlp", "lgbm")}
