@@ -120,6 +120,16 @@ def resolve_device(config: RunConfig, local_rank: int | None = None) -> torch.de
     elif config.train.threads:
         torch.set_num_threads(config.train.threads)
     return device
+def host_numerics() -> dict[str, Any]:
+    """What decides the last digits of a CPU run besides the seed: the torch build, the instruction set
+    its kernels dispatch to and the thread count. Two hosts that differ here (an AVX-512 machine and an
+    AVX2 one) train weights a few ULPs apart from the same seed, and those differences reach a ranker's
+    metrics in the third decimal; recorded beside every figure so such a difference can be told apart
+    from a code change."""
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads()}
+
+
 class BatchLoss(nn.Module):
     """The whole objective of a (B, T + 1) window batch in one forward.
 

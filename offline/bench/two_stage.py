@@ -43,6 +43,7 @@ from retriever.artifact import load_artifact
 from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError, validation_message
 from retriever.repeats import LEGACY_REPEATS
+from retriever.train import host_numerics
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ def run_seed(artifact_path: Path, data: PreparedDataset, work: Path, config: Ran
                          mlp={"id_dropout": id_dropout})
         rankers[kind] = json.loads((bundle / "ranker" / "manifest.json").read_text())
     record = seed_record(load_artifact(retriever, with_index=False).manifest.to_dict(), rankers, config.depth)
-    record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version, **settings)
+    record.update(seed=seed, artifact=str(artifact_path), retriever_version=artifact.manifest.version,
+                  host=host_numerics(), **settings)
     atomic_write(record_path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))
     return record
 

@@ -27,7 +27,7 @@ from retriever.features import feature_rows, feature_vocabulary, value_lists
 from retriever.index import IndexSpec
 from retriever.model import Retriever
 from retriever.repeats import resolve_repeats
-from retriever.train import fit, resolve_device
+from retriever.train import fit, host_numerics, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,7 @@ def _train_retriever(
         "seconds": round(result.seconds, 1),
         "seconds_to_best": round(result.seconds_to_best, 1),
         "sequences_per_second": result.sequences_per_second,
+        "host": host_numerics(),
         **({} if init_from is None else {"warm_start_from": str(init_from)}),
     }
     manifest = write_artifact(

@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from offline.bench.two_stage import results_table, summarize_seeds, write_results
 from offline.cli import main
@@ -114,6 +115,7 @@ def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_fi
         assert record["rows"][kind]["test"] == ranker["metrics"]["test"]
     lgbm = json.loads((out / "runs" / "seed3" / "lgbm" / "ranker" / "manifest.json").read_text())
     assert record["lgbm_inputs_sha256"] == lgbm["config"]["inputs_sha256"]  # what LightGBM was fitted on
+    assert record["host"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # the ISA the rankers ran on
     mlp = json.loads((out / "runs" / "seed3" / "mlp" / "ranker" / "manifest.json").read_text())
     assert record["rows"]["mlp_ids_masked"] == mlp["metrics"]["ids_masked"]
     valid = {k: record["rows"][k]["valid"]["NDCG@10"] for k in ("mlp", "lgbm")}

@@ -158,6 +158,13 @@ def test_eval_users_validates_and_reports_on_a_fixed_user_sample(prepared: Path,
     assert full.training is not None
     assert manifest.training["evaluated_users"] == 40
     assert full.training["evaluated_users"] == 150
+    # What decides a CPU run's last digits besides the seed is recorded beside its figures.
+    import torch
+
+    host = manifest.training["host"]
+    assert (host["torch"], host["cpu_capability"]) == (torch.__version__, torch.backends.cpu.get_cpu_capability())
+    assert isinstance(host["threads"], int)
+    assert host["threads"] >= 1
     # The reported metrics are those of the sampled users, recomputed here from the saved weights.
     data = load_prepared(prepared)
     model = load_artifact(out, with_index=False).model
