@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ranker.config import MLPConfig
 from ranker.features import DENSE_FEATURES, FeatureBatch
-from retriever.atomic import atomic_write
+from retriever.atomic import atomic_torch_save
 
 WEIGHTS = "mlp.pt"
 
@@ -105,7 +105,7 @@ class MLPRanker(nn.Module):
 
     def save(self, folder: Path) -> dict[str, Any]:
         state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
-        atomic_write(folder / WEIGHTS, lambda p: torch.save(state, p))
+        atomic_torch_save(state, folder / WEIGHTS)
         return {"files": [WEIGHTS], "config": asdict(self.config)}
 
     @classmethod

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
-from retriever.atomic import atomic_write, sha256_file, write_jsonl
+from retriever.atomic import atomic_torch_save, atomic_write, sha256_file, write_jsonl
 from retriever.compiled import ENCODER_FILE, OPSET, write_encoder
 from retriever.config import RunConfig, config_from_dict
 from retriever.errors import RetrieverError, validation_message
@@ -119,7 +119,7 @@ def write_artifact(
     spec = index_spec or IndexSpec()
     atomic_write(out / CONFIG, lambda p: p.write_text(json.dumps(config.model_dump(mode="json"), indent=2)))
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    atomic_write(out / WEIGHTS, lambda p: torch.save(state, p))
+    atomic_torch_save(state, out / WEIGHTS)
     atomic_write(out / ITEM_IDS, lambda p: _save_npy(p, np.asarray(item_ids, dtype=str)))
     vectors = item_matrix(model)
     save_index(build_index(vectors, spec), out / INDEX)

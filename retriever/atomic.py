@@ -22,6 +22,19 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def atomic_torch_save(obj: object, path: Path) -> None:
+    """``torch.save`` of ``obj`` to ``path``, atomically. Through a file handle: given a path, torch names
+    the archive's inner folder after the file, here the temp name with its process id, so equal weights
+    written by two processes had different bytes and digests (and bundle versions)."""
+    import torch
+
+    def save(tmp: Path) -> None:
+        with tmp.open("wb") as handle:
+            torch.save(obj, handle)
+
+    atomic_write(path, save)
+
+
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     text = "".join(json.dumps(r) + "\n" for r in records)
     atomic_write(path, lambda p: p.write_text(text))

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from retriever.atomic import atomic_write, write_jsonl
+from retriever.atomic import atomic_torch_save, write_jsonl
 from retriever.config import ConfigError, RunConfig, config_from_dict
 from retriever.distributed import Distributed, broadcast_bytes
 from retriever.model import Retriever
@@ -118,6 +118,3 @@ def load_weights(path: Path, model: Retriever) -> Retriever:
     model.load_state_dict(torch.load(path, map_location=next(model.parameters()).device, weights_only=True))
     return model
 
-
-def atomic_torch_save(obj: object, path: Path) -> None:
-    atomic_write(path, lambda p: torch.save(obj, p))

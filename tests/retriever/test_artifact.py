@@ -53,6 +53,18 @@ def test_index_top_k_matches_model_scores(similarity: str, tmp_path: Path) -> No
     assert np.array_equal(rows, dense.argsort(dim=1, descending=True, stable=True)[:, :10].numpy())
 
 
+def test_equal_weights_written_by_two_processes_have_equal_digests(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weights' digest (and so the bundle version) names the weights, not the process that wrote them:
+    torch.save given a path names the archive's inner folder after the temp file, which holds the pid."""
+    first = _write(tmp_path / "one", CONFIG)
+    monkeypatch.setattr("os.getpid", lambda: 4242)
+    second = _write(tmp_path / "two", CONFIG)
+    assert sha256_file(first / "retriever.pt") == sha256_file(second / "retriever.pt")
+    versions = [json.loads((b / "manifest.json").read_text())["version"] for b in (first, second)]
+    assert versions[0].rsplit("-", 1)[1] == versions[1].rsplit("-", 1)[1]
+
+
 def test_tampered_weights_are_refused(bundle: Path) -> None:
     with (bundle / "retriever.pt").open("ab") as handle:
         handle.write(b"\0")
