@@ -122,16 +122,6 @@ def resolve_device(config: RunConfig, local_rank: int | None = None) -> torch.de
     return device
 
 
-def host_numerics() -> dict[str, Any]:
-    """What decides the last digits of a CPU run besides the seed: the torch build, the instruction set
-    its kernels dispatch to and the thread count. Forcing one host's torch from AVX-512 to AVX2 moved the
-    same seed's weights by up to 5e-6 and a ranker's metrics in the third decimal
-    (docs/results/two-stage/ml-100k-h10-ranker); recorded beside every figure so such a difference can be
-    told apart from a code change."""
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": torch.get_num_threads()}
-
-
 class BatchLoss(nn.Module):
     """The whole objective of a (B, T + 1) window batch in one forward.
 

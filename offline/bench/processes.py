@@ -257,8 +257,12 @@ def process_cpu_seconds(pid: int) -> dict[int, float]:
 def worker_shares(before: dict[int, float], after: dict[int, float], parent: int) -> list[float]:
     """Each worker's share of the CPU its server used between two `process_cpu_seconds` readings, largest first:
     uvicorn's worker processes (spawned by multiprocessing) when it has several, else the one process.
-    [1.0, 0.0] from two workers means one of them did all the work."""
-    workers = [p for p in after if p != parent and _spawned_worker(p)] or [parent]
+    [1.0, 0.0] from two workers means one of them did all the work. One process serves alone, so its share is
+    1.0 even when its CPU time did not move by a clock tick (a no-op server over a one-second check); workers
+    whose CPU time did not move share nothing measurable: zeros."""
+    workers = [p for p in after if p != parent and _spawned_worker(p)]
+    if not workers:
+        return [1.0]
     used = [after[p] - before.get(p, 0.0) for p in workers]
     total = sum(used)
     return sorted((round(u / total, 3) if total > 0 else 0.0 for u in used), reverse=True)

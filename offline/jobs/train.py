@@ -27,7 +27,7 @@ from retriever.features import feature_rows, feature_vocabulary, value_lists
 from retriever.index import IndexSpec
 from retriever.model import Retriever
 from retriever.repeats import resolve_repeats
-from retriever.train import fit, host_numerics, resolve_device
+from retriever.train import fit, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,16 @@ def _train_retriever(
     log.info("best epoch %d: valid NDCG@10 %.4f, test NDCG@10 %.4f (repeats: %s)", result.best_epoch,
              metrics["valid"]["NDCG@10"], metrics["test"]["NDCG@10"], repeats)
     return manifest
+
+
+def host_numerics() -> dict[str, Any]:
+    """What decides the last digits of a CPU run besides the seed: the torch build, the instruction set
+    its kernels dispatch to and the thread count. Forcing one host's torch from AVX-512 to AVX2 moved the
+    same seed's weights by up to 5e-6 and a ranker's metrics in the third decimal
+    (docs/results/two-stage/ml-100k-h10-ranker); recorded beside every figure so such a difference can be
+    told apart from a code change."""
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads()}
 
 
 def repeat_record(artifact: RetrieverArtifact, data: PreparedDataset) -> dict[str, Any]:

@@ -186,7 +186,8 @@ def test_worker_shares_of_a_two_worker_server_cover_both_workers() -> None:
 def test_worker_shares_of_one_process() -> None:
     me = os.getpid()
     assert worker_shares({me: 1.0}, {me: 3.0}, me) == [1.0]  # no spawned workers: the process itself
-    assert worker_shares({me: 1.0}, {me: 1.0}, me) == [0.0]  # no CPU used: nothing to share
+    # one process did whatever was done, even when it used less than a clock tick (the test's no-op server)
+    assert worker_shares({me: 1.0}, {me: 1.0}, me) == [1.0]
 
 
 def test_start_server_reports_a_broken_app_with_its_output():
