@@ -8,6 +8,8 @@
     ranker/cooc.npz        the co-occurrence table (`ranker.cooc`), when the ranker's candidate
                            sources or extra features use it; the manifest's "sources" names the
                            sources merged into the candidate list (absent: the retriever alone)
+    ranker/times.npz       the training interactions' times (`ranker.times`), when the ranker reads the
+                           request-time features
 
 The folder is written under a temporary name and renamed into place; a ranker mined
 from another retriever version, or with a different feature list, is refused.
@@ -31,10 +33,11 @@ from torch import Tensor
 
 from ranker.compiled import MLP_FILE, CompiledMLP, write_mlp
 from ranker.cooc import COOC_FILE, CoocTable
-from ranker.extras import EXTRA_FEATURES, Extras
+from ranker.extras import EXTRA_FEATURES, Extras, needs_cooc, needs_time
 from ranker.features import DENSE_FEATURES, TABLES_FILE, FeatureBatch, ItemTables, feature_spec
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
+from ranker.times import TIMES_FILE, TimeTable
 from retriever.artifact import ArtifactError
 from retriever.atomic import atomic_write, sha256_file
 from retriever.errors import validation_message
@@ -94,6 +97,7 @@ class RankerArtifact:
     ranker: Ranker
     tables: ItemTables
     cooc: CoocTable | None = None
+    times: TimeTable | None = None
 
     @property
     def kind(self) -> str:
@@ -115,8 +119,13 @@ class RankerArtifact:
         """The extra feature columns' inputs (built once per loaded ranker; None without extras)."""
         if not self.extra_features:
             return None
-        assert self.cooc is not None  # load_ranker refuses a ranker whose extras lack the table
-        return Extras(self.extra_features, self.cooc.torch())
+        # load_ranker refuses a ranker whose extras lack their table
+        return Extras(self.extra_features, None if self.cooc is None else self.cooc.torch(), self.times)
+
+    @property
+    def needs_time(self) -> bool:
+        """Whether the ranker scores a request as of its time (`ranker.extras.TIME_FEATURES`)."""
+        return needs_time(self.extra_features)
 
     @property
     def depth(self) -> int:
@@ -129,11 +138,12 @@ class RankerArtifact:
 
 def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: RetrieverManifest,
                  metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
-                 cooc: CoocTable | None = None, extra_features: tuple[str, ...] = ()) -> RankerManifest:
+                 cooc: CoocTable | None = None, times: TimeTable | None = None,
+                 extra_features: tuple[str, ...] = ()) -> RankerManifest:
     """Write BUNDLE/ranker/ (replacing an existing one only once the new one is complete).
 
-    cooc: the co-occurrence table, saved when given (the sources and extra features that need it are
-    the caller's ``extra["sources"]`` and ``extra_features``)."""
+    cooc, times: the co-occurrence and time tables, saved when given (the sources and extra features that
+    need them are the caller's ``extra["sources"]`` and ``extra_features``)."""
     tmp = bundle / f".{FOLDER}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -144,6 +154,9 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
         if cooc is not None:
             cooc.save(tmp / COOC_FILE)
             files.append(COOC_FILE)
+        if times is not None:
+            times.save(tmp / TIMES_FILE)
+            files.append(TIMES_FILE)
         manifest = RankerManifest(
             format=FORMAT, kind=ranker.kind, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             retriever_version=retriever_manifest.version,
@@ -208,13 +221,32 @@ def load_ranker(bundle: Path, retriever_manifest: RetrieverManifest) -> RankerAr
         ranker = RANKERS[kind].load(folder, manifest.config)
     except (RuntimeError, OSError, ValueError, KeyError, TypeError) as err:
         raise ArtifactError(folder, f"ranker weights do not load: {str(err).splitlines()[0]}") from None
-    return RankerArtifact(folder, manifest, ranker, tables, _load_cooc(folder, manifest, tables.n_items))
+    return RankerArtifact(folder, manifest, ranker, tables, _load_cooc(folder, manifest, tables.n_items),
+                          _load_times(folder, manifest, tables.n_items))
+
+
+def _extras(manifest: RankerManifest) -> list[str]:
+    return list(manifest.features.get("dense", [])[len(DENSE_FEATURES):])
+
+
+def _load_times(folder: Path, manifest: RankerManifest, n_items: int) -> TimeTable | None:
+    """The time table when the ranker reads request-time features (refused when missing)."""
+    if not needs_time(_extras(manifest)):
+        return None
+    if TIMES_FILE not in manifest.sha256:
+        raise ArtifactError(folder / MANIFEST, f"reads request-time features but lists no {TIMES_FILE}")
+    try:
+        times = TimeTable.load(folder / TIMES_FILE)
+    except (OSError, ValueError, KeyError) as err:
+        raise ArtifactError(folder / TIMES_FILE, f"unreadable: {err}") from None
+    if times.n_items != n_items:
+        raise ArtifactError(folder / TIMES_FILE, f"describes {times.n_items} items; the ranker has {n_items}")
+    return times
 
 
 def _load_cooc(folder: Path, manifest: RankerManifest, n_items: int) -> CoocTable | None:
     """The co-occurrence table when the ranker's sources or extra features need it (refused when missing)."""
-    needs = "cooc" in (manifest.sources or {}).get("names", ()) or \
-        len(manifest.features.get("dense", [])) > len(DENSE_FEATURES)
+    needs = "cooc" in (manifest.sources or {}).get("names", ()) or needs_cooc(_extras(manifest))
     if not needs:
         return None
     if COOC_FILE not in manifest.sha256:

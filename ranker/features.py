@@ -211,6 +211,8 @@ def compute_features(
     *,
     id_mask: Tensor | None = None,
     extras: Extras | None = None,
+    at: Tensor | None = None,
+    last_event: Tensor | None = None,
 ) -> FeatureBatch:
     """Features for (B, N) candidates of B requests.
 
@@ -218,7 +220,9 @@ def compute_features(
     internal ids (the items the user vector was computed from); user: (B, D) unit user
     vectors; candidates: (B, N) internal ids (0 = empty slot), best first; scores: (B, N)
     their cosine scores. id_mask: (B, N) True where the candidate's ID must be treated as
-    unknown (ID dropout in training, the cold-start simulation in evaluation).
+    unknown (ID dropout in training, the cold-start simulation in evaluation). at: (B,) each request's time
+    in seconds, and last_event: (B,) the time of each user's newest interaction (NaN: unknown), read by the
+    request-time extras (`ranker.extras.TIME_FEATURES`) only.
 
     The arithmetic is numpy on CPU arrays (the tensors' memory, no copies): a served request is one user
     and a few hundred candidates, where torch's per-operation dispatch cost more than the arithmetic
@@ -252,7 +256,8 @@ def compute_features(
     dense[..., ID_DERIVED] = np.where(unknown[..., None], np.float32(0), dense[..., ID_DERIVED])
     out = torch.from_numpy(dense)
     if extras is not None and extras.names:
-        out = torch.cat([out, extra_columns(extras, history, candidates, torch.from_numpy(unknown))], dim=-1)
+        out = torch.cat([out, extra_columns(extras, history, candidates, torch.from_numpy(unknown), at,
+                                           last_event)], dim=-1)
     out = out * torch.from_numpy(valid[..., None])
     product = torch.from_numpy(np.where(unknown[..., None], np.float32(0), user.numpy()[:, None, :] * cand_vec))
     return FeatureBatch(out, candidates, torch.from_numpy(meta), torch.from_numpy(t.year_bucket[cand]), user, product)

@@ -50,15 +50,20 @@ class Groups:
     mined: Mined
     history: np.ndarray  # (G, T) left-padded, the last max_len items the user vector saw
     user: Tensor  # (G, D) unit user vectors
+    at: np.ndarray | None = None  # (G,) each group's request time in seconds (its target's); None: no times
+    last_event: np.ndarray | None = None  # (G,) the time of the newest history item (with ``at``)
 
     def __len__(self) -> int:
         return len(self.mined)
 
     def subset(self, rows: np.ndarray) -> Groups:
-        return Groups(self.mined.subset(rows), self.history[rows], self.user[torch.from_numpy(rows)])
+        return Groups(self.mined.subset(rows), self.history[rows], self.user[torch.from_numpy(rows)],
+                      None if self.at is None else self.at[rows],
+                      None if self.last_event is None else self.last_event[rows])
 
 
-def make_groups(mined: Mined, items: np.ndarray, encode: Encoder, max_len: int, batch_size: int = 1024) -> Groups:
+def make_groups(mined: Mined, items: np.ndarray, encode: Encoder, max_len: int, batch_size: int = 1024, *,
+                at: np.ndarray | None = None, last_event: np.ndarray | None = None) -> Groups:
     history = padded_slices(items, mined.start, mined.end, max_len)
     users = []
     with torch.inference_mode():
@@ -67,7 +72,7 @@ def make_groups(mined: Mined, items: np.ndarray, encode: Encoder, max_len: int, 
             width = max(int((rows != 0).sum(1).max()), 1)  # trim common left padding
             users.append(encode(torch.from_numpy(rows[:, -width:])).float())
     user = torch.cat(users) if users else torch.zeros(0, 1)
-    return Groups(mined, history, user)
+    return Groups(mined, history, user, at, last_event)
 
 
 def features(source: FeatureSource, groups: Groups, rows: np.ndarray, id_mask: Tensor | None = None) -> FeatureBatch:
@@ -76,7 +81,8 @@ def features(source: FeatureSource, groups: Groups, rows: np.ndarray, id_mask: T
     return compute_features(
         source.tables, source.item_vectors, torch.from_numpy(history[:, -width:]), groups.user[torch.from_numpy(rows)],
         torch.from_numpy(groups.mined.candidates[rows]), torch.from_numpy(groups.mined.scores[rows]), id_mask=id_mask,
-        extras=source.extras,
+        extras=source.extras, at=None if groups.at is None else torch.from_numpy(groups.at[rows]),
+        last_event=None if groups.last_event is None else torch.from_numpy(groups.last_event[rows]),
     )
 
 
@@ -102,7 +108,7 @@ def merge_groups(groups: Groups, items: np.ndarray, cooc: CoocTable, share: floa
                                                groups.user[torch.from_numpy(rows)].numpy(), item_rows,
                                                depth[: len(rows)], share)
     merged = Mined(mined.start, mined.end, mined.target, candidates, scores)
-    return Groups(merged, groups.history, groups.user)
+    return Groups(merged, groups.history, groups.user, groups.at, groups.last_event)
 
 
 def group_ranks(scorer: Scorer, source: FeatureSource, groups: Groups, n_items: int, *, mask_ids: bool = False,

@@ -31,11 +31,14 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     start = time.perf_counter()
     bundle = engine.bundle
     seen: frozenset[str] = frozenset()  # stored items beyond the history read here
+    last_event = None  # the time of the newest interaction, when known
     if body.history is not None:
         raw = list(body.history)
+        last_event = body.timestamps[-1] if body.timestamps else None
     elif body.user_id is not None:
         stored = await store.read(body.user_id)
         raw, seen = [e.item_id for e in stored.events], stored.seen
+        last_event = stored.events[-1].timestamp if stored.events else None
     else:
         raw = []
     known = [bundle.index_of.get(i) for i in raw]
@@ -53,7 +56,7 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     query = plan_query(bundle, history, stored_seen, k=body.k,
                        candidates=body.candidates, exclude_seen=exclude_seen, rerank=body.rerank,
                        personalize=body.personalize, allowed=allowed,
-                       user=body.user_id if body.history is None else None)
+                       user=body.user_id if body.history is None else None, at=body.at, last_event=last_event)
     if query is None:
         metrics.fallbacks.labels("popularity").inc()
         top = popular(bundle, body.k, {*history, *stored_seen} if exclude_seen else set(), allowed)
@@ -78,18 +81,22 @@ def seen_ids(bundle: Bundle, seen: frozenset[str]) -> set[int]:
 
 def plan_query(bundle: Bundle, history: list[int], seen: set[int], *, k: int, candidates: int | None,
                exclude_seen: bool, rerank: bool = True, personalize: bool = False,
-               allowed: np.ndarray | None = None, user: str | None = None) -> Query | None:
+               allowed: np.ndarray | None = None, user: str | None = None, at: float | None = None,
+               last_event: float | None = None) -> Query | None:
     """The engine's query for a history of internal ids (oldest first) and further ``seen`` ids, or None when
     the history is empty (the popularity answer). The model reads the last ``max_len`` items; with
     ``exclude_seen`` the earlier ones and ``seen`` are excluded too; ``user`` names a stored user whose vector the
-    bundle may cache (a request that sends its own history names none). `seqrec recommend` plans with it too."""
+    bundle may cache (a request that sends its own history names none); ``at``: the time a ranker with request-time
+    features scores for (None: the clock when it scores), ``last_event`` the time of the newest interaction (None:
+    unknown). `seqrec recommend` plans with it too."""
     used = history[-bundle.max_len :]
     if not used:
         return None
     excluded = {*history[: -bundle.max_len], *seen}
     depth = bundle.default_candidates(k) if candidates is None else candidates
     return Query(used, k=k, candidates=depth, exclude_seen=exclude_seen, rerank=rerank, personalize=personalize,
-                 exclude=tuple(sorted(excluded - set(used))) if exclude_seen else (), allowed=allowed, user=user)
+                 exclude=tuple(sorted(excluded - set(used))) if exclude_seen else (), allowed=allowed, user=user,
+                 at=at, last_event=last_event)
 
 
 def popular(bundle: Bundle, k: int, seen: set[int], allowed: np.ndarray | None = None) -> list[int]:

@@ -9,6 +9,7 @@ tests call it directly. The features come from the same code as the offline eval
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,8 @@ class Query:
     # queries sharing one array object are searched together
     allowed: np.ndarray | None = field(default=None, compare=False)
     user: str | None = None  # the stored user whose history this is: its vector is cached (`service.cache`)
+    at: float | None = None  # the time (unix seconds) a ranker with request-time features scores for; None: now
+    last_event: float | None = None  # the time of the user's newest interaction, when known (user_idle_days)
 
 
 @dataclass
@@ -228,11 +231,17 @@ def _rerank(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candida
         assert bundle.tables is not None
         every = len(rerank) == len(queries)  # the common case: no row indexing (torch's costs ~0.1 ms a tensor)
         rows = slice(None) if every else rerank
+        at = last_event = None
+        if bundle.ranker.needs_time:
+            now = time.time()
+            at = torch.tensor([now if queries[i].at is None else queries[i].at for i in rerank], dtype=torch.float64)
+            last_event = torch.tensor([math.nan if queries[i].last_event is None else queries[i].last_event
+                                       for i in rerank], dtype=torch.float64)
         with torch.inference_mode():
             cand = candidates[rows]
             batch = compute_features(bundle.tables, bundle.vectors, history if every else history[rerank],
                                      user if every else user[rerank], torch.from_numpy(cand),
                                      torch.from_numpy(np.where(cand > 0, scores[rows], 0.0)),
-                                     extras=bundle.ranker.extras)
+                                     extras=bundle.ranker.extras, at=at, last_event=last_event)
             final[rows] = bundle.ranker.ranker.score(batch).numpy()
     return final, set(rerank)

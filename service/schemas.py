@@ -21,6 +21,7 @@ from pydantic import (
     WithJsonSchema,
     WrapValidator,
     model_serializer,
+    model_validator,
 )
 from starlette.convertors import PathConvertor, register_url_convertor
 
@@ -187,6 +188,18 @@ class RecommendRequest(Strict):
         '`{"year": {"gte": 1990}}`; operators eq, ne, in, gte, gt, lte, lt; an unknown column, operator or '
         "operand type is a 422. Candidates are drawn from the eligible items only, so k items come back "
         "whenever k eligible items (outside an excluded history) exist"))
+    at: float | None = Field(None, ge=0, lt=2**40, description=(
+        "the time (unix seconds) to recommend for; read only by a ranker trained with request-time features "
+        "(`recent_30d`, ...), which is evaluated offline as of each target's time; default: the server's clock"))
+    timestamps: list[Annotated[float, Field(ge=0, le=1e11)]] | None = Field(None, max_length=MAX_HISTORY, description=(
+        "unix seconds of each `history` item (same length); the newest is the user's last interaction, which a "
+        "ranker with `user_idle_days` reads (a stored history uses its events' timestamps)"))
+
+    @model_validator(mode="after")
+    def _timestamps_align(self) -> RecommendRequest:
+        if self.timestamps is not None and (self.history is None or len(self.timestamps) != len(self.history)):
+            raise ValueError("`timestamps` needs `history` and one timestamp per history item")
+        return self
 
 
 class RecommendedItem(BaseModel):

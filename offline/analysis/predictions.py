@@ -18,7 +18,8 @@ import torch
 
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
-from offline.jobs.rank import META_COLUMNS, user_encoder
+from offline.jobs.rank import user_encoder
+from offline.jobs.tables import META_COLUMNS, request_times
 from ranker.artifact import load_ranker, unit_item_vectors
 from ranker.mining import mine
 from ranker.train import FeatureSource, features, make_groups
@@ -78,8 +79,9 @@ def top_k(artifact: RetrieverArtifact, split: LeaveOneOut, rows: np.ndarray, k: 
     if ranker is not None:
         with torch.inference_mode():
             vectors = unit_item_vectors(artifact.model.item_vectors().detach())
-        source = FeatureSource(ranker.tables.torch(), vectors)
-        groups = make_groups(mined, inputs.items, encode, artifact.max_len)
+        source = FeatureSource(ranker.tables.torch(), vectors, ranker.extras)
+        at, last_event = request_times(split, "test", mined) if ranker.needs_time else (None, None)
+        groups = make_groups(mined, inputs.items, encode, artifact.max_len, at=at, last_event=last_event)
         with torch.inference_mode():
             scores = ranker.ranker.score(features(source, groups, np.arange(len(rows))))  # (U, depth)
         order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k].numpy()

@@ -2,7 +2,9 @@
 
 A uvicorn server is started on the bundle; each test user's test input (the training items and the
 validation target, the history the evaluation ranks the test target after) is sent as the default
-request (`history` and `k` only: depth, exclusion and reranking are the bundle's defaults). The served
+request (`history` and `k` only: depth, exclusion and reranking are the bundle's defaults; for a ranker with
+request-time features also `at`, the test target's timestamp, the time the evaluation scores for, and the
+history's `timestamps`). The served
 top k is compared with the offline two-stage top k of `offline.jobs.rank.two_stage_top` (the scores
 `seqrec evaluate` ranks the test targets with), and NDCG@k is computed from the served lists. One line
 comes out; the exit code is 1 when any list differs or the two NDCG@k differ by more than the tolerance.
@@ -11,9 +13,11 @@ comes out; the exit code is 1 when any list differs or the two NDCG@k differ by 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -21,6 +25,7 @@ import numpy as np
 from offline.bench.processes import SERVICE_APP, start_server
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.evaluate import two_stage_top
+from ranker.extras import needs_time
 from ranker.train import ndcg_at
 
 log = logging.getLogger(__name__)
@@ -48,13 +53,20 @@ class Parity:
                 f"target) -> {'OK' if self.ok else 'MISMATCH'}")
 
 
-def served_lists(url: str, histories: list[list[str]], k: int) -> list[list[str]]:
-    """The top k the server at ``url`` returns for each history, one default request at a time."""
+def served_lists(url: str, histories: list[list[str]], k: int, at: list[float] | None = None,
+                 timestamps: list[list[float]] | None = None) -> list[list[str]]:
+    """The top k the server at ``url`` returns for each history, one default request at a time (``at``: each
+    request's time, ``timestamps`` its history's, sent when given)."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
     out = []
     with httpx.Client(base_url=url, timeout=60.0, trust_env=False) as client:
-        for history in histories:
-            response = client.post("/recommend", json={"history": history, "k": k})
+        for u, history in enumerate(histories):
+            body: dict[str, Any] = {"history": history, "k": k}
+            if at is not None:
+                body["at"] = at[u]
+            if timestamps is not None:
+                body["timestamps"] = timestamps[u]
+            response = client.post("/recommend", json=body)
             response.raise_for_status()
             out.append([item["item_id"] for item in response.json()["items"]])
     return out
@@ -66,7 +78,15 @@ def compare(url: str, bundle: Path, data: PreparedDataset, *, k: int = 10) -> Pa
     catalogue = np.array([str(i) for i in np.load(bundle / "item_ids.npy", allow_pickle=False)])
     inputs = data.split().inputs("test")
     histories = [catalogue[inputs.row(u) - 1].tolist() for u in range(len(inputs))]
-    served = served_lists(url, histories, k)
+    at = stamps = None
+    if _reads_time(bundle):
+        full = data.split().full
+        assert full.timestamps is not None  # two_stage_top refuses a timed ranker on data without
+        assert inputs.timestamps is not None
+        at = [float(t) for t in full.timestamps[full.offsets[1:] - 1]]
+        stamps = [inputs.timestamps[inputs.offsets[u]:inputs.offsets[u + 1]].astype(float).tolist()
+                  for u in range(len(inputs))]
+    served = served_lists(url, histories, k, at, stamps)
     expected = [catalogue[row[row > 0] - 1].tolist() for row in offline.top]
     differ = [u for u, (got, want) in enumerate(zip(served, expected, strict=True)) if got != want]
     target_ids = catalogue[targets - 1]
@@ -74,6 +94,14 @@ def compare(url: str, bundle: Path, data: PreparedDataset, *, k: int = 10) -> Pa
                                                                                          strict=True)])
     repeats = sum(int(targets[u] in inputs.row(u)) for u in differ)
     return Parity(len(inputs), k, ndcg_at(served_ranks, k), ndcg_at(offline.ranks, k), differ, repeats)
+
+
+def _reads_time(bundle: Path) -> bool:
+    """Whether the bundle's ranker reads request-time features (its manifest's feature list)."""
+    manifest = bundle / "ranker" / "manifest.json"
+    if not manifest.is_file():
+        return False
+    return needs_time(json.loads(manifest.read_text()).get("features", {}).get("dense", []))
 
 
 def run_parity(args: argparse.Namespace) -> int:

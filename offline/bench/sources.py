@@ -21,7 +21,8 @@ import numpy as np
 from tqdm import tqdm
 
 from offline.data.prepared import PreparedDataset, load_prepared
-from offline.jobs.rank import cooc_table, split_sources, user_encoder
+from offline.jobs.rank import split_sources, user_encoder
+from offline.jobs.tables import cooc_table
 from offline.jobs.train import check_catalogue
 from offline.tables import markdown_table
 from ranker.artifact import unit_item_vectors

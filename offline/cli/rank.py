@@ -100,7 +100,9 @@ def add_train_ranker_parser(sub: Subparsers, common: argparse.ArgumentParser) ->
                    help="share of the depth's slots offered to the cooc source (the retriever keeps the rest)")
     c.add_argument("--features", type=parse_names, default=ranker_default("features"),
                    help="comma-separated extra ranker features (ranker/extras.py): cooc_last1, cooc_last3, "
-                   "cooc_last10, cooc_rank, popularity_trend; empty: the base features alone")
+                   "cooc_last10, cooc_rank, popularity_trend; with timestamps, as of the request's time: "
+                   "recent_30d, recent_7d, days_since_last, days_since_first, user_idle_days; "
+                   "empty: the base features alone")
     m = p.add_argument_group("MLP ranker")
     m.add_argument("--loss", choices=["listwise", "bce"], default=mlp_default("loss"),
                    help="loss over each candidate group")

@@ -15,6 +15,7 @@ from offline.data.prepared import PreparedDataset
 from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.evaluation.two_stage import Reranked, rerank_groups
 from offline.jobs.rank import bundle_source, split_sources, unit_user_vectors
+from offline.jobs.tables import has_clock, request_times
 from offline.jobs.train import repeat_record
 from ranker.artifact import RankerArtifact, load_ranker
 from ranker.config import MIN_DEPTH, ranker_default
@@ -114,7 +115,11 @@ def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) 
         mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:], target,
                      depth=system.depth, max_len=artifact.max_len, exclude_seen=artifact.manifest.exclude_seen,
                      desc=f"retrieve {name}")
-        groups[name] = make_groups(mined, sources[name], encode, artifact.max_len)
+        timed = system.ranker is not None and system.ranker.needs_time
+        if timed and not has_clock(data):
+            raise SeqrecError(f"{data.path} has no timestamps; the ranker reads request-time features")
+        at, last_event = request_times(split, name, mined) if timed else (None, None)  # as a served request's
+        groups[name] = make_groups(mined, sources[name], encode, artifact.max_len, at=at, last_event=last_event)
         share = None if system.ranker is None else system.ranker.cooc_share
         if share is not None:
             assert system.ranker is not None

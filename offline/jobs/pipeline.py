@@ -4,12 +4,11 @@
     ARTIFACTS/versions/<id>/   published bundles (retriever + ranker + catalogue + pipeline.json)
     ARTIFACTS/current          symlink to the served version, switched atomically
 
-Every stage writes into the run's work folder; only `publish` touches ``versions/`` and
-``current``: it moves the finished bundle into ``versions/`` (one rename) and then renames a
-new symlink over ``current``, so a failing or killed stage never changes what is served.
-``--resume`` continues the newest unpublished run of the same config after its last finished
-stage (training itself resumes from its last checkpoint), or starts a new run when there is
-none, so a scheduled job can always pass it. The newest ``keep`` versions stay (never ``current``'s).
+Every stage writes into the run's work folder; only `publish` touches ``versions/`` and ``current``: it moves
+the finished bundle into ``versions/`` (one rename) and then renames a new symlink over ``current``, so a failing
+or killed stage never changes what is served. ``--resume`` continues the newest unpublished run of the same config
+after its last finished stage (training itself resumes from its last checkpoint), or starts a new run when there
+is none, so a scheduled job can always pass it. The newest ``keep`` versions stay (never ``current``'s).
 """
 
 from __future__ import annotations
@@ -205,8 +204,7 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
         run = new_run(artifacts, config, config_path)
     stages: dict[str, Callable[[Run, PipelineConfig, int | None], dict[str, Any]]] = {
         "prepare": _prepare, "train": _train, "export": _export, "mine": _mine, "train-ranker": _train_ranker,
-        "evaluate": _evaluate, "publish": lambda r, c, _: _publish(r, c, artifacts),
-    }
+        "evaluate": _evaluate, "publish": lambda r, c, _: _publish(r, c, artifacts)}
     bar = tqdm(STAGES, desc="pipeline", unit="stage", disable=None)
     for name in bar:
         bar.set_postfix_str(name)
@@ -230,11 +228,13 @@ def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str,
     from offline.data.prepare import Filters, prepare_dataset
     from offline.data.readers import ReaderOptions
     from offline.jobs.catalog import take_added_items
+    from offline.jobs.tables import require_clock
 
     d = config.data
     options = ReaderOptions(path=d.path, synthetic=d.synthetic or None, **d.reader)
     manifest = prepare_dataset(d.dataset, run.data, options, Filters(d.min_user_interactions, d.k_core, d.min_rating),
                                download=d.download, overwrite=True)
+    require_clock(run.data, manifest, config.ranker.features)  # now, not after the retriever has trained
     added = take_added_items(run.folder.parent.parent, run.data)  # ARTIFACTS/work/<run>
     return {"users": manifest["users"], "items": manifest["items"], "interactions": manifest["interactions"],
             "repeat_targets": manifest["repeat_targets"], **added}

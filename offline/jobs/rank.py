@@ -26,13 +26,14 @@ from offline.jobs.holdout import (
     train_holdout_retriever,
     without_early_stop_targets,
 )
-from offline.jobs.train import check_catalogue, item_feature_matrix
+from offline.jobs.tables import cooc_table, extra_tables, item_tables, request_times, time_table, with_extras
+from offline.jobs.train import check_catalogue
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
 from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, RankerConfig
 from ranker.cooc import CoocTable
-from ranker.extras import Extras, check_names
-from ranker.features import ItemTables
+from ranker.extras import check_names
 from ranker.mining import Encoder, Mined, mine, training_groups
+from ranker.times import TimeTable
 from ranker.train import (
     FeatureSource,
     Groups,
@@ -52,40 +53,6 @@ from retriever.repeats import LEGACY_REPEATS
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
-META_COLUMNS = ("genres", "attributes")
-
-
-def item_tables(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> ItemTables:
-    """Popularity, known flags and "follows" counts from training positions (without each user's
-    last ``drop_last`` training items); metadata and years from the catalogue."""
-    columns = data.items.column_names
-    meta = next((item_feature_matrix(data, c)[0] for c in META_COLUMNS if c in columns), None)
-    years = None
-    if "year" in columns:
-        years = np.array([np.nan, *[np.nan if y is None else y for y in data.items.column("year").to_pylist()]],
-                         dtype=np.float64)
-    train = _training_positions(split, drop_last)
-    return ItemTables.build(train.offsets, train.items, data.n_items, meta, years)
-
-
-def cooc_table(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> CoocTable:
-    """The co-occurrence source's table from training positions (without each user's last ``drop_last``)."""
-    train = _training_positions(split, drop_last)
-    return CoocTable.build(train.offsets, train.items, data.n_items)
-
-
-def _training_positions(split: LeaveOneOut, drop_last: int) -> Any:
-    """The split's training sequences, less each user's last ``drop_last`` items."""
-    train = split.train
-    if drop_last:
-        keep_len = np.maximum(train.lengths - drop_last, 0)
-        rows = [train.row(u)[:k].tolist() for u, k in enumerate(keep_len)]
-        from offline.data.sequences import Sequences
-
-        train = Sequences.from_lists(rows)
-    return train
-
-
 RawEncoder = Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, D) float32, not normalised
 
 
@@ -238,8 +205,8 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     config = checked_config(config or RankerConfig())
     artifact, source = bundle_source(bundle, data)
     mined, miner = _mined_groups(bundle, artifact, data, config, mined_dir)
-    cooc = cooc_table(data, data.split()) if config.cooc_source or config.features else None
-    groups, source, train_source = _ranker_inputs(artifact, data, mined, miner, config, source, cooc)
+    cooc, times = extra_tables(data, config)
+    groups, source, train_source = _ranker_inputs(artifact, data, mined, miner, config, source, cooc, times)
     fitted: dict[str, tuple[Ranker, list[dict[str, Any]], float]] = {}
     for name in ("lgbm", "mlp") if config.kind == "auto" else (config.kind,):
         fit_start = time.perf_counter()
@@ -265,7 +232,7 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
         **sources_record(config, groups),
     }
     return write_ranker(bundle, ranker, item_tables(data, data.split()), retriever_manifest=artifact.manifest,
-                        metrics=metrics, extra=extra, cooc=cooc, extra_features=config.features)
+                        metrics=metrics, extra=extra, cooc=cooc, times=times, extra_features=config.features)
 
 
 def served_scorer(ranker: Ranker) -> Any:
@@ -332,7 +299,8 @@ def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDatas
 
 def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: dict[str, Mined],
                    miner: RetrieverArtifact | None, config: RankerConfig, source: FeatureSource,
-                   cooc: CoocTable | None) -> tuple[dict[str, Groups], FeatureSource, FeatureSource]:
+                   cooc: CoocTable | None,
+                   times: TimeTable | None = None) -> tuple[dict[str, Groups], FeatureSource, FeatureSource]:
     """Every split's groups (merged with the co-occurrence source's list when the config asks), the
     feature source of the validation and test groups, and that of the training groups.
 
@@ -345,14 +313,19 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
     encode = user_encoder(artifact)
     drop = _per_user(config, miner)
     train_cooc = None if cooc is None else cooc_table(data, split, drop_last=drop)
+    train_times = None if times is None else time_table(data, split, drop_last=drop)
     trainer = miner or artifact
-    source = with_extras(source, config, cooc)
+    source = with_extras(source, config, cooc, times)
     train_source = with_extras(FeatureSource(item_tables(data, split, drop_last=drop).torch(),
                                              unit_item_vectors(trainer.model.item_vectors().detach())),
-                               config, train_cooc)
-    groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items() if n != "train"}
-    train_encode = encode if trainer is artifact else user_encoder(trainer)
-    groups["train"] = make_groups(mined["train"], sources["train"], train_encode, trainer.max_len)
+                               config, train_cooc, train_times)
+
+    def timed(name: str, encoder: Encoder, max_len: int) -> Groups:
+        at, last_event = request_times(split, name, mined[name]) if times is not None else (None, None)
+        return make_groups(mined[name], sources[name], encoder, max_len, at=at, last_event=last_event)
+
+    groups = {n: timed(n, encode, artifact.max_len) for n in mined if n != "train"}
+    groups["train"] = timed("train", encode if trainer is artifact else user_encoder(trainer), trainer.max_len)
     if config.cooc_source:
         rows = retrieval_rows(artifact.model, source.item_vectors)
         train_rows = rows if trainer is artifact else retrieval_rows(trainer.model, train_source.item_vectors)
@@ -362,14 +335,6 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
             groups[name] = merge_groups(g, sources[name], table, config.cooc_share, item_rows,
                                         exclude_seen=artifact.manifest.exclude_seen)
     return groups, source, train_source
-
-
-def with_extras(source: FeatureSource, config: RankerConfig, cooc: CoocTable | None) -> FeatureSource:
-    """``source`` computing the config's extra features from ``cooc`` too."""
-    if not config.features:
-        return source
-    assert cooc is not None
-    return FeatureSource(source.tables, source.item_vectors, Extras(tuple(config.features), cooc.torch()))
 
 
 def _fit(name: str, artifact: RetrieverArtifact, data: PreparedDataset, source: FeatureSource,

@@ -104,7 +104,10 @@ def recommend_users(bundle: Bundle, data: PreparedDataset, rows: np.ndarray,
     for lo in range(0, len(rows), job.batch_size):
         batch = rows[lo : lo + job.batch_size]
         histories = [(h := to_bundle[items[offsets[u] : offsets[u + 1]]])[h > 0].tolist() for u in batch]
-        queries = _queries(bundle, histories, job)
+        times = data.sequences.timestamps
+        newest = [None if times is None or offsets[u + 1] == offsets[u] else float(times[offsets[u + 1] - 1])
+                  for u in batch]
+        queries = _queries(bundle, histories, job, newest)
         planned = [q for q in queries if q is not None]
         answered = iter(recommend_batch(bundle, planned) if planned else [])
         lists = [_popular_list(bundle, h, job) if q is None else _scored(next(answered).items)
@@ -190,7 +193,10 @@ def _write_redis(client: Any, table: pa.Table, version: str, prefix: str, ttl: i
         pipe.execute()
 
 
-def _queries(bundle: Bundle, histories: list[list[int]], job: BatchJob) -> list[Query | None]:
-    """What `service.answer` would queue for each history sent as a request (None: the popularity answer)."""
+def _queries(bundle: Bundle, histories: list[list[int]], job: BatchJob,
+             newest: list[float | None]) -> list[Query | None]:
+    """What `service.answer` would queue for each history sent as a request with its items' timestamps (None: the
+    popularity answer); a ranker with request-time features scores as of the clock when it runs."""
     return [plan_query(bundle, h, set(), k=job.k, candidates=None, exclude_seen=bundle.exclude_seen,
-                       rerank=job.rerank, allowed=job.allowed) for h in histories]
+                       rerank=job.rerank, allowed=job.allowed, last_event=t) for h, t in zip(histories, newest,
+                                                                                          strict=True)]

@@ -10,7 +10,8 @@ import torch
 
 from offline.cli import main
 from offline.data.prepared import load_prepared
-from offline.jobs.rank import item_tables, mine_splits, split_sources, user_encoder
+from offline.jobs.rank import mine_splits, split_sources, user_encoder
+from offline.jobs.tables import item_tables
 from ranker.artifact import load_ranker, unit_item_vectors, write_ranker
 from ranker.config import RankerConfig
 from ranker.features import COLUMN

@@ -42,11 +42,12 @@ def _with_mlp(bundle: Path, prepared: Path, path: Path, *flags: str) -> Path:
 def _queries(n_items: int) -> list[Query]:
     generator = torch.Generator().manual_seed(0)
     lengths = [1, 3, 10, 25, 7, 2, 10, 5]  # max_len is 10: shorter ones are padded, longer ones cut
-    return [Query(torch.randint(1, n_items + 1, (n,), generator=generator).tolist()[-10:], k=10, candidates=20)
-            for n in lengths]
+    # a fixed request time and newest interaction (the synthetic data's clock), read by the request-time columns
+    return [Query(torch.randint(1, n_items + 1, (n,), generator=generator).tolist()[-10:], k=10, candidates=20,
+                  at=1_620_000_000.0 + 86_400 * n, last_event=1_620_000_000.0) for n in lengths]
 
 
-EXTRAS = "cooc_last1,cooc_rank,popularity_trend"
+EXTRAS = "cooc_last1,cooc_rank,popularity_trend,recent_30d,user_idle_days"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_the_compiled_bundle_answers_as_the_eager_one(mlp_bundle: Path) -> None:
 def test_an_mlp_with_extra_features_compiles_and_answers_as_the_eager_one(mlp_extras_bundle: Path) -> None:
     # Its ONNX export once built its example batch with the base columns alone and failed.
     manifest = json.loads((mlp_extras_bundle / "ranker" / "manifest.json").read_text())
-    assert manifest["features"]["dense"][-3:] == EXTRAS.split(",")
+    assert manifest["features"]["dense"][-5:] == EXTRAS.split(",")
     _compiled_answers_as_eager(mlp_extras_bundle)
 
 

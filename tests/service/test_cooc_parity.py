@@ -1,11 +1,12 @@
 """A bundle whose ranker reranks the union of the retriever's and the co-occurrence source's candidates, with
-the extra features: every test user is served over HTTP what `seqrec evaluate` counts (the claim of
-`test_parity.test_every_test_user_is_served_as_evaluated`, for the second source), and the union is what
-the ranker saw (recorded recall, depth)."""
+every extra feature (the request-time ones included): every test user is served over HTTP what `seqrec evaluate`
+counts (the claim of `test_parity.test_every_test_user_is_served_as_evaluated`, for the second source and for
+requests made at the test target's time), and the union is what the ranker saw (recorded recall, depth)."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def test_the_bundle_records_its_sources_and_features(cooc_bundle: Path, prepared
     assert manifest["sources"]["names"] == ["retriever", "cooc"]
     assert manifest["features"]["dense"][-len(EXTRA_FEATURES):] == list(EXTRA_FEATURES)
     assert "cooc.npz" in manifest["sha256"]
+    assert "times.npz" in manifest["sha256"]
     result = evaluate_bundle(cooc_bundle, load_prepared(prepared))
     # the recall the evaluation counts is the union's, the one the ranker was trained on
     assert result[f"recall@{DEPTH}"]["valid"] == pytest.approx(manifest["sources"][f"recall@{DEPTH}"]["valid"])
@@ -53,3 +55,41 @@ def test_every_test_user_is_served_the_evaluated_union(cooc_api: Server, cooc_bu
     assert parity.users == data.n_users
     assert parity.differ == [], parity.line()
     assert abs(parity.served_ndcg - parity.offline_ndcg) <= TOLERANCE, parity.line()
+
+
+def test_a_stored_history_is_scored_with_its_events_times(cooc_api: Server, prepared: Path) -> None:
+    """user_idle_days reads the newest interaction's time: from a stored history's events as from a request's
+    `timestamps`; the served scores move with `at` (the request-time columns are read)."""
+    data = load_prepared(prepared)
+    split = data.split()
+    inputs = split.inputs("test")
+    assert inputs.timestamps is not None
+    row = inputs.row(0)
+    history = [str(data.item_ids[i]) for i in row]
+    stamps = inputs.timestamps[inputs.offsets[0]:inputs.offsets[1]].astype(float).tolist()
+    at = stamps[-1] + 3 * 86_400
+    user = f"timed-{uuid.uuid4().hex}"
+    with cooc_api.client() as client:
+        events = [{"user_id": user, "item_id": i, "timestamp": t} for i, t in zip(history, stamps, strict=True)]
+        assert client.post("/events", json={"events": events}).status_code == 200
+        by_user = client.post("/recommend", json={"user_id": user, "k": 10, "at": at})
+        by_history = client.post("/recommend", json={"history": history, "timestamps": stamps, "k": 10, "at": at})
+        later = client.post("/recommend", json={"history": history, "timestamps": stamps, "k": 10,
+                                                "at": at + 400 * 86_400})
+    for response in (by_user, by_history, later):
+        assert response.status_code == 200, response.text
+    assert by_user.json()["items"] == by_history.json()["items"]
+    assert [i["score"] for i in later.json()["items"]] != [i["score"] for i in by_history.json()["items"]]
+
+
+@pytest.mark.parametrize("body", [
+    {"history": ["i1", "i2"], "timestamps": [1.0]},  # one timestamp per history item
+    {"user_id": "u", "timestamps": [1.0]},  # timestamps describe a sent history only
+    {"history": ["i1"], "at": -1},
+    {"history": ["i1"], "at": "yesterday"},
+    {"history": ["i1"], "timestamps": [-3.0]},
+])
+def test_bad_times_are_a_422(cooc_api: Server, body: dict[str, object]) -> None:
+    with cooc_api.client() as client:
+        response = client.post("/recommend", json=body)
+    assert response.status_code == 422, response.text

@@ -1,0 +1,122 @@
+"""The tables a ranker's features read beside the groups, from training positions only: item statistics,
+the co-occurrence table, the request-time table, and each group's request time.
+
+A training group's tables leave out each user's last ``drop_last`` training items (the group's own target
+among them), so no statistic counts the target it is trained to find.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offline.data.prepared import PreparedDataset
+from offline.data.split import LeaveOneOut
+from offline.jobs.train import item_feature_matrix
+from ranker.config import RankerConfig
+from ranker.cooc import CoocTable
+from ranker.extras import TIME_FEATURES, Extras, needs_cooc, needs_time
+from ranker.features import ItemTables
+from ranker.mining import Mined
+from ranker.times import TimeTable
+from ranker.train import FeatureSource
+from retriever.errors import SeqrecError
+
+META_COLUMNS = ("genres", "attributes")
+
+
+def item_tables(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> ItemTables:
+    """Popularity, known flags and "follows" counts from training positions (without each user's
+    last ``drop_last`` training items); metadata and years from the catalogue."""
+    columns = data.items.column_names
+    meta = next((item_feature_matrix(data, c)[0] for c in META_COLUMNS if c in columns), None)
+    years = None
+    if "year" in columns:
+        years = np.array([np.nan, *[np.nan if y is None else y for y in data.items.column("year").to_pylist()]],
+                         dtype=np.float64)
+    train = _training_positions(split, drop_last)
+    return ItemTables.build(train.offsets, train.items, data.n_items, meta, years)
+
+
+def cooc_table(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> CoocTable:
+    """The co-occurrence source's table from training positions (without each user's last ``drop_last``)."""
+    train = _training_positions(split, drop_last)
+    return CoocTable.build(train.offsets, train.items, data.n_items)
+
+
+def time_table(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> TimeTable:
+    """The request-time features' table (`ranker.times`) from training positions (without each user's last
+    ``drop_last``)."""
+    train = split.train
+    if not has_clock(data) or train.timestamps is None:
+        raise SeqrecError(f"{data.path} has no timestamps (only an order); the request-time ranker features "
+                          f"({', '.join(TIME_FEATURES)}) need them")
+    keep = np.ones(len(train.items), dtype=bool)
+    for back in range(1, drop_last + 1):
+        pos = train.offsets[1:] - back
+        keep[pos[pos >= train.offsets[:-1]]] = False
+    try:
+        return TimeTable.build(train.items[keep], train.timestamps[keep], data.n_items)
+    except ValueError as err:
+        raise SeqrecError(f"{data.path}: {err}") from None
+
+
+def has_clock(data: PreparedDataset) -> bool:
+    """Whether the data's timestamps are times (S3-Rec lines and some RecBole files give positions only)."""
+    return data.sequences.timestamps is not None and bool(data.manifest.get("has_timestamps", True))
+
+
+def require_clock(path: Path, manifest: dict[str, Any], features: tuple[str, ...]) -> None:
+    """Refuse request-time ranker features on prepared data (its manifest) whose timestamps are only an order."""
+    if needs_time(features) and not manifest.get("has_timestamps", True):
+        raise SeqrecError(f"{path} has no timestamps (only an order); the request-time ranker features "
+                          f"({', '.join(f for f in features if f in TIME_FEATURES)}) need them")
+
+
+def request_times(split: LeaveOneOut, name: str, mined: Mined) -> tuple[np.ndarray, np.ndarray]:
+    """(G,) each group's request time, its target's timestamp (a training target's, or the user's validation or
+    test target's: the time a served request for that prediction is made), and (G,) the time of the newest
+    item of its history."""
+    full = split.full
+    inputs = split.train if name in ("train", "valid") else split.inputs("test")
+    assert full.timestamps is not None
+    assert inputs.timestamps is not None
+    last_event = np.asarray(inputs.timestamps[mined.end - 1], dtype=np.float64)
+    if name == "train":  # the target is items[end] of the training sequences
+        return np.asarray(inputs.timestamps[mined.end], dtype=np.float64), last_event
+    user = np.searchsorted(inputs.offsets, mined.start, "right") - 1
+    back = 1 if name == "test" else 2
+    return np.asarray(full.timestamps[full.offsets[user + 1] - back], dtype=np.float64), last_event
+
+
+def _training_positions(split: LeaveOneOut, drop_last: int) -> Any:
+    """The split's training sequences, less each user's last ``drop_last`` items."""
+    train = split.train
+    if drop_last:
+        keep_len = np.maximum(train.lengths - drop_last, 0)
+        rows = [train.row(u)[:k].tolist() for u, k in enumerate(keep_len)]
+        from offline.data.sequences import Sequences
+
+        train = Sequences.from_lists(rows)
+    return train
+
+
+def extra_tables(data: PreparedDataset, config: RankerConfig) -> tuple[CoocTable | None, TimeTable | None]:
+    """The co-occurrence and time tables the config's sources and extra features need (None where none does),
+    from every training position."""
+    split = data.split()
+    cooc = cooc_table(data, split) if config.cooc_source or needs_cooc(config.features) else None
+    return cooc, time_table(data, split) if needs_time(config.features) else None
+
+
+def with_extras(source: FeatureSource, config: RankerConfig, cooc: CoocTable | None,
+                times: TimeTable | None = None) -> FeatureSource:
+    """``source`` computing the config's extra features from ``cooc`` and ``times`` too."""
+    if not config.features:
+        return source
+    assert cooc is not None or not needs_cooc(config.features)
+    assert times is not None or not needs_time(config.features)
+    return FeatureSource(source.tables, source.item_vectors,
+                         Extras(tuple(config.features), None if cooc is None else cooc.torch(), times))
