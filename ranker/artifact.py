@@ -21,11 +21,12 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -47,6 +48,14 @@ FORMAT = "seqrec.ranker/1"
 FOLDER = "ranker"
 MANIFEST = "manifest.json"
 log = logging.getLogger(__name__)
+
+
+class _Table(Protocol):
+    @property
+    def n_items(self) -> int: ...
+
+
+T = TypeVar("T", bound=_Table)
 
 
 class Ranker(Protocol):
@@ -233,31 +242,29 @@ def _load_times(folder: Path, manifest: RankerManifest, n_items: int) -> TimeTab
     """The time table when the ranker reads request-time features (refused when missing)."""
     if not needs_time(_extras(manifest)):
         return None
-    if TIMES_FILE not in manifest.sha256:
-        raise ArtifactError(folder / MANIFEST, f"reads request-time features but lists no {TIMES_FILE}")
-    try:
-        times = TimeTable.load(folder / TIMES_FILE)
-    except (OSError, ValueError, KeyError) as err:
-        raise ArtifactError(folder / TIMES_FILE, f"unreadable: {err}") from None
-    if times.n_items != n_items:
-        raise ArtifactError(folder / TIMES_FILE, f"describes {times.n_items} items; the ranker has {n_items}")
-    return times
+    return _load_table(folder, manifest, n_items, TIMES_FILE, TimeTable.load, "reads request-time features")
 
 
 def _load_cooc(folder: Path, manifest: RankerManifest, n_items: int) -> CoocTable | None:
     """The co-occurrence table when the ranker's sources or extra features need it (refused when missing)."""
-    needs = "cooc" in (manifest.sources or {}).get("names", ()) or needs_cooc(_extras(manifest))
-    if not needs:
+    if "cooc" not in (manifest.sources or {}).get("names", ()) and not needs_cooc(_extras(manifest)):
         return None
-    if COOC_FILE not in manifest.sha256:
-        raise ArtifactError(folder / MANIFEST, f"uses the co-occurrence source but lists no {COOC_FILE}")
+    return _load_table(folder, manifest, n_items, COOC_FILE, CoocTable.load, "uses the co-occurrence source")
+
+
+def _load_table(folder: Path, manifest: RankerManifest, n_items: int, name: str, load: Callable[[Path], T],
+                needed_by: str) -> T:
+    """FOLDER/name through ``load``, refused when the manifest does not list it, when it does not load or when
+    it describes another number of items than the ranker."""
+    if name not in manifest.sha256:
+        raise ArtifactError(folder / MANIFEST, f"{needed_by} but lists no {name}")
     try:
-        cooc = CoocTable.load(folder / COOC_FILE)
+        table = load(folder / name)
     except (OSError, ValueError, KeyError) as err:
-        raise ArtifactError(folder / COOC_FILE, f"unreadable: {err}") from None
-    if cooc.n_items != n_items:
-        raise ArtifactError(folder / COOC_FILE, f"describes {cooc.n_items} items; the ranker has {n_items}")
-    return cooc
+        raise ArtifactError(folder / name, f"unreadable: {err}") from None
+    if table.n_items != n_items:
+        raise ArtifactError(folder / name, f"describes {table.n_items} items; the ranker has {n_items}")
+    return table
 
 
 def _check_lineage(folder: Path, manifest: RankerManifest, retriever_manifest: RetrieverManifest) -> None:

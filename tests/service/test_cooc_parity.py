@@ -6,6 +6,7 @@ requests made at the test target's time), and the union is what the ranker saw (
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,9 @@ from offline.bench.parity import TOLERANCE, compare
 from offline.cli import main as seqrec
 from offline.data.prepared import load_prepared
 from offline.jobs.evaluate import evaluate_bundle
+from ranker.artifact import load_ranker
 from ranker.extras import EXTRA_FEATURES
+from retriever.artifact import ArtifactError, load_artifact
 from tests.service.support import Server, serving, train_bundle
 
 DEPTH = 20
@@ -93,3 +96,15 @@ def test_bad_times_are_a_422(cooc_api: Server, body: dict[str, object]) -> None:
     with cooc_api.client() as client:
         response = client.post("/recommend", json=body)
     assert response.status_code == 422, response.text
+
+
+@pytest.mark.parametrize("name", ["times.npz", "cooc.npz"])
+def test_a_ranker_whose_table_is_not_listed_is_refused(cooc_bundle: Path, tmp_path: Path, name: str) -> None:
+    copy = tmp_path / "bundle"
+    shutil.copytree(cooc_bundle, copy)
+    path = copy / "ranker" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["sha256"][name]
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=f"lists no {name}"):
+        load_ranker(copy, load_artifact(copy).manifest)
