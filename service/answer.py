@@ -34,7 +34,6 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     last_event = None  # the time of the newest interaction, when known
     if body.history is not None:
         raw = list(body.history)
-        last_event = body.timestamps[-1] if body.timestamps else None
     elif body.user_id is not None:
         stored = await store.read(body.user_id)
         raw, seen = [e.item_id for e in stored.events], stored.seen
@@ -56,7 +55,8 @@ async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, me
     query = plan_query(bundle, history, stored_seen, k=body.k,
                        candidates=body.candidates, exclude_seen=exclude_seen, rerank=body.rerank,
                        personalize=body.personalize, allowed=allowed,
-                       user=body.user_id if body.history is None else None, at=body.at, last_event=last_event)
+                       user=body.user_id if body.history is None else None, at=body.at,
+                       last_event=last_event if body.last_event_at is None else body.last_event_at)
     if query is None:
         metrics.fallbacks.labels("popularity").inc()
         top = popular(bundle, body.k, {*history, *stored_seen} if exclude_seen else set(), allowed)

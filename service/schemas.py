@@ -21,7 +21,6 @@ from pydantic import (
     WithJsonSchema,
     WrapValidator,
     model_serializer,
-    model_validator,
 )
 from starlette.convertors import PathConvertor, register_url_convertor
 
@@ -191,15 +190,9 @@ class RecommendRequest(Strict):
     at: float | None = Field(None, ge=0, lt=2**40, description=(
         "the time (unix seconds) to recommend for; read only by a ranker trained with request-time features "
         "(`recent_30d`, ...), which is evaluated offline as of each target's time; default: the server's clock"))
-    timestamps: list[Annotated[float, Field(ge=0, le=1e11)]] | None = Field(None, max_length=MAX_HISTORY, description=(
-        "unix seconds of each `history` item (same length); the newest is the user's last interaction, which a "
-        "ranker with `user_idle_days` reads (a stored history uses its events' timestamps)"))
-
-    @model_validator(mode="after")
-    def _timestamps_align(self) -> RecommendRequest:
-        if self.timestamps is not None and (self.history is None or len(self.timestamps) != len(self.history)):
-            raise ValueError("`timestamps` needs `history` and one timestamp per history item")
-        return self
+    last_event_at: float | None = Field(None, ge=0, lt=2**40, description=(
+        "the time (unix seconds) of the user's newest interaction, read by a ranker with `user_idle_days`; "
+        "default: the stored history's newest event timestamp (a sent `history` has none)"))
 
 
 class RecommendedItem(BaseModel):

@@ -4,7 +4,7 @@ A uvicorn server is started on the bundle; each test user's test input (the trai
 validation target, the history the evaluation ranks the test target after) is sent as the default
 request (`history` and `k` only: depth, exclusion and reranking are the bundle's defaults; for a ranker with
 request-time features also `at`, the test target's timestamp, the time the evaluation scores for, and the
-history's `timestamps`). The served
+time of the history's newest item, `last_event_at`). The served
 top k is compared with the offline two-stage top k of `offline.jobs.rank.two_stage_top` (the scores
 `seqrec evaluate` ranks the test targets with), and NDCG@k is computed from the served lists. One line
 comes out; the exit code is 1 when any list differs or the two NDCG@k differ by more than the tolerance.
@@ -54,9 +54,9 @@ class Parity:
 
 
 def served_lists(url: str, histories: list[list[str]], k: int, at: list[float] | None = None,
-                 timestamps: list[list[float]] | None = None) -> list[list[str]]:
+                 last_event_at: list[float] | None = None) -> list[list[str]]:
     """The top k the server at ``url`` returns for each history, one default request at a time (``at``: each
-    request's time, ``timestamps`` its history's, sent when given)."""
+    request's time, ``last_event_at`` its newest history item's, sent when given)."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
     out = []
     with httpx.Client(base_url=url, timeout=60.0, trust_env=False) as client:
@@ -64,8 +64,8 @@ def served_lists(url: str, histories: list[list[str]], k: int, at: list[float] |
             body: dict[str, Any] = {"history": history, "k": k}
             if at is not None:
                 body["at"] = at[u]
-            if timestamps is not None:
-                body["timestamps"] = timestamps[u]
+            if last_event_at is not None:
+                body["last_event_at"] = last_event_at[u]
             response = client.post("/recommend", json=body)
             response.raise_for_status()
             out.append([item["item_id"] for item in response.json()["items"]])
@@ -84,8 +84,7 @@ def compare(url: str, bundle: Path, data: PreparedDataset, *, k: int = 10) -> Pa
         assert full.timestamps is not None  # two_stage_top refuses a timed ranker on data without
         assert inputs.timestamps is not None
         at = [float(t) for t in full.timestamps[full.offsets[1:] - 1]]
-        stamps = [inputs.timestamps[inputs.offsets[u]:inputs.offsets[u + 1]].astype(float).tolist()
-                  for u in range(len(inputs))]
+        stamps = [float(t) for t in inputs.timestamps[inputs.offsets[1:] - 1]]
     served = served_lists(url, histories, k, at, stamps)
     expected = [catalogue[row[row > 0] - 1].tolist() for row in offline.top]
     differ = [u for u, (got, want) in enumerate(zip(served, expected, strict=True)) if got != want]

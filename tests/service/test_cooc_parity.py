@@ -62,7 +62,7 @@ def test_every_test_user_is_served_the_evaluated_union(cooc_api: Server, cooc_bu
 
 def test_a_stored_history_is_scored_with_its_events_times(cooc_api: Server, prepared: Path) -> None:
     """user_idle_days reads the newest interaction's time: from a stored history's events as from a request's
-    `timestamps`; the served scores move with `at` (the request-time columns are read)."""
+    `last_event_at`; the served scores move with `at` (the request-time columns are read)."""
     data = load_prepared(prepared)
     split = data.split()
     inputs = split.inputs("test")
@@ -76,8 +76,9 @@ def test_a_stored_history_is_scored_with_its_events_times(cooc_api: Server, prep
         events = [{"user_id": user, "item_id": i, "timestamp": t} for i, t in zip(history, stamps, strict=True)]
         assert client.post("/events", json={"events": events}).status_code == 200
         by_user = client.post("/recommend", json={"user_id": user, "k": 10, "at": at})
-        by_history = client.post("/recommend", json={"history": history, "timestamps": stamps, "k": 10, "at": at})
-        later = client.post("/recommend", json={"history": history, "timestamps": stamps, "k": 10,
+        by_history = client.post("/recommend", json={"history": history, "last_event_at": stamps[-1], "k": 10,
+                                                     "at": at})
+        later = client.post("/recommend", json={"history": history, "last_event_at": stamps[-1], "k": 10,
                                                 "at": at + 400 * 86_400})
     for response in (by_user, by_history, later):
         assert response.status_code == 200, response.text
@@ -86,11 +87,10 @@ def test_a_stored_history_is_scored_with_its_events_times(cooc_api: Server, prep
 
 
 @pytest.mark.parametrize("body", [
-    {"history": ["i1", "i2"], "timestamps": [1.0]},  # one timestamp per history item
-    {"user_id": "u", "timestamps": [1.0]},  # timestamps describe a sent history only
     {"history": ["i1"], "at": -1},
     {"history": ["i1"], "at": "yesterday"},
-    {"history": ["i1"], "timestamps": [-3.0]},
+    {"history": ["i1"], "last_event_at": -3.0},
+    {"history": ["i1"], "last_event_at": 2.0**41},
 ])
 def test_bad_times_are_a_422(cooc_api: Server, body: dict[str, object]) -> None:
     with cooc_api.client() as client:
