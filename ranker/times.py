@@ -23,7 +23,8 @@ TIMES_FILE = "times.npz"
 DAY = 86_400
 WINDOWS = {"recent_30d": 30 * DAY, "recent_7d": 7 * DAY}  # log1p(interactions in [at - window, at))
 NONE = -1.0  # days_since_* when the item has no training interaction before ``at``; user_idle_days unknown
-_SHIFT = 40  # key = item << 40 | time: room for timestamps up to 2**40 s (year 36812) and 2**23 items
+MAX_SECONDS = 1e11  # year 5138, as POST /events takes; unix milliseconds of any date after 1973 are above it
+_SHIFT = 40  # key = item << 40 | time: room for timestamps up to 2**40 s (> MAX_SECONDS) and 2**23 items
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,9 @@ class TimeTable:
     @classmethod
     def build(cls, items: np.ndarray, times: np.ndarray, n_items: int) -> TimeTable:
         times = np.asarray(times)
-        if len(times) and (not np.all(np.isfinite(times)) or times.min() < 0 or times.max() >= 1 << _SHIFT):
-            raise ValueError("request-time features need timestamps in seconds from 1970 (0 to 2**40)")
+        if len(times) and (not np.all(np.isfinite(times)) or times.min() < 0 or times.max() > MAX_SECONDS):
+            raise ValueError(f"request-time features need timestamps in unix seconds, 0 to {MAX_SECONDS:.0e} (year "
+                             f"5138; milliseconds are larger); found {times.min():.4g} to {times.max():.4g}")
         times = np.floor(times).astype(np.int64)
         order = np.lexsort((times, items))
         items = np.asarray(items, dtype=np.int64)[order]
@@ -70,7 +72,7 @@ class TimeTable:
         last_event: (B,) the time of each user's newest interaction (NaN: unknown, and user_idle_days is NONE).
         """
         cand = np.where(candidates <= self.n_items, candidates, 0).astype(np.int64)
-        when = np.clip(np.floor(np.asarray(at, dtype=np.float64)), 0, (1 << _SHIFT) - 1).astype(np.int64)[:, None]
+        when = np.clip(np.floor(np.asarray(at, dtype=np.float64)), 0, MAX_SECONDS).astype(np.int64)[:, None]
         keys, base = self.keys, cand << _SHIFT
         before = np.searchsorted(keys, base + when, "left")  # rows of this item strictly before ``at``
         out = {name: np.log1p(before - np.searchsorted(keys, base + np.maximum(when - span, 0), "left"))

@@ -187,10 +187,10 @@ class RecommendRequest(Strict):
         '`{"year": {"gte": 1990}}`; operators eq, ne, in, gte, gt, lte, lt; an unknown column, operator or '
         "operand type is a 422. Candidates are drawn from the eligible items only, so k items come back "
         "whenever k eligible items (outside an excluded history) exist"))
-    at: float | None = Field(None, ge=0, lt=2**40, description=(
+    at: float | None = Field(None, ge=0, le=1e11, description=(
         "the time (unix seconds) to recommend for; read only by a ranker trained with request-time features "
         "(`recent_30d`, ...), which is evaluated offline as of each target's time; default: the server's clock"))
-    last_event_at: float | None = Field(None, ge=0, lt=2**40, description=(
+    last_event_at: float | None = Field(None, ge=0, le=1e11, description=(
         "the time (unix seconds) of the user's newest interaction, read by a ranker with `user_idle_days`; "
         "default: the stored history's newest event timestamp (a sent `history` has none)"))
 

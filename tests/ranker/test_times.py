@@ -70,6 +70,8 @@ def test_columns_do_not_depend_on_the_batch() -> None:
 def test_timestamps_must_be_seconds() -> None:
     with pytest.raises(ValueError, match="seconds"):
         TimeTable.build(np.array([1]), np.array([-5]), n_items=1)
+    with pytest.raises(ValueError, match="milliseconds"):  # 2023 in unix milliseconds
+        TimeTable.build(np.array([1]), np.array([1_700_000_000_000]), n_items=1)
 
 
 def test_data_without_timestamps_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -90,7 +90,7 @@ def test_a_stored_history_is_scored_with_its_events_times(cooc_api: Server, prep
     {"history": ["i1"], "at": -1},
     {"history": ["i1"], "at": "yesterday"},
     {"history": ["i1"], "last_event_at": -3.0},
-    {"history": ["i1"], "last_event_at": 2.0**41},
+    {"history": ["i1"], "last_event_at": 1_700_000_000_000},  # milliseconds
 ])
 def test_bad_times_are_a_422(cooc_api: Server, body: dict[str, object]) -> None:
     with cooc_api.client() as client:
