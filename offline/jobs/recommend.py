@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from offline.data.prepared import PreparedDataset
+from offline.jobs.tables import has_clock
 from retriever.errors import SeqrecError
 from service.answer import plan_query, popular
 from service.bundle import Bundle
@@ -101,10 +102,10 @@ def recommend_users(bundle: Bundle, data: PreparedDataset, rows: np.ndarray,
     """(users, table of ``SCHEMA``) per batch of users, in the order of ``rows``."""
     to_bundle = bundle_ids(bundle, data)
     offsets, items = data.sequences.offsets, data.sequences.items
+    times = data.sequences.timestamps if has_clock(data) else None  # positions are no times
     for lo in range(0, len(rows), job.batch_size):
         batch = rows[lo : lo + job.batch_size]
         histories = [(h := to_bundle[items[offsets[u] : offsets[u + 1]]])[h > 0].tolist() for u in batch]
-        times = data.sequences.timestamps
         newest = [None if times is None or offsets[u + 1] == offsets[u] else float(times[offsets[u + 1] - 1])
                   for u in batch]
         queries = _queries(bundle, histories, job, newest)

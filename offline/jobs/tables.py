@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from offline.data.prepared import PreparedDataset
+from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut
 from offline.jobs.train import item_feature_matrix
 from ranker.config import RankerConfig
@@ -49,16 +50,13 @@ def cooc_table(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) ->
 def time_table(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> TimeTable:
     """The request-time features' table (`ranker.times`) from training positions (without each user's last
     ``drop_last``)."""
-    train = split.train
-    if not has_clock(data) or train.timestamps is None:
+    if not has_clock(data):
         raise SeqrecError(f"{data.path} has no timestamps (only an order); the request-time ranker features "
                           f"({', '.join(TIME_FEATURES)}) need them")
-    keep = np.ones(len(train.items), dtype=bool)
-    for back in range(1, drop_last + 1):
-        pos = train.offsets[1:] - back
-        keep[pos[pos >= train.offsets[:-1]]] = False
+    train = _training_positions(split, drop_last)
+    assert train.timestamps is not None
     try:
-        return TimeTable.build(train.items[keep], train.timestamps[keep], data.n_items)
+        return TimeTable.build(train.items, train.timestamps, data.n_items)
     except ValueError as err:
         raise SeqrecError(f"{data.path}: {err}") from None
 
@@ -91,16 +89,16 @@ def request_times(split: LeaveOneOut, name: str, mined: Mined) -> tuple[np.ndarr
     return np.asarray(full.timestamps[full.offsets[user + 1] - back], dtype=np.float64), last_event
 
 
-def _training_positions(split: LeaveOneOut, drop_last: int) -> Any:
-    """The split's training sequences, less each user's last ``drop_last`` items."""
+def _training_positions(split: LeaveOneOut, drop_last: int) -> Sequences:
+    """The split's training sequences (with their timestamps), less each user's last ``drop_last`` items."""
     train = split.train
-    if drop_last:
-        keep_len = np.maximum(train.lengths - drop_last, 0)
-        rows = [train.row(u)[:k].tolist() for u, k in enumerate(keep_len)]
-        from offline.data.sequences import Sequences
-
-        train = Sequences.from_lists(rows)
-    return train
+    if not drop_last:
+        return train
+    keep_len = np.maximum(train.lengths - drop_last, 0)
+    keep = np.arange(len(train.items)) - np.repeat(train.offsets[:-1], train.lengths) < np.repeat(keep_len,
+                                                                                                  train.lengths)
+    offsets = np.concatenate([[0], np.cumsum(keep_len)]).astype(np.int64)
+    return Sequences(offsets, train.items[keep], None if train.timestamps is None else train.timestamps[keep])
 
 
 def extra_tables(data: PreparedDataset, config: RankerConfig) -> tuple[CoocTable | None, TimeTable | None]:
