@@ -3,8 +3,8 @@
 Each user is shown at the test point: the history is everything before the test target
 (training items and the validation item); the retriever's order is the artifact's FAISS
 index under the bundle's repeat policy (as in evaluation: the whole history excluded, or
-nothing); the reranked order is the bundle's ranker over the retriever's candidates, with
-the features `seqrec evaluate` uses.
+nothing); the reranked order is the bundle's ranker over the candidates `seqrec evaluate` ranks (the retriever's,
+merged with the co-occurrence source's where the ranker was trained on the union), with the features it uses.
 The test target is marked wherever it appears.
 """
 
@@ -18,6 +18,7 @@ import torch
 
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
+from offline.jobs.evaluate import with_served_sources
 from offline.jobs.rank import user_encoder
 from offline.jobs.tables import META_COLUMNS, request_times
 from ranker.artifact import load_ranker, unit_item_vectors
@@ -81,11 +82,12 @@ def top_k(artifact: RetrieverArtifact, split: LeaveOneOut, rows: np.ndarray, k: 
             vectors = unit_item_vectors(artifact.model.item_vectors().detach())
         source = FeatureSource(ranker.tables.torch(), vectors, ranker.extras)
         at, last_event = request_times(split, "test", mined) if ranker.needs_time else (None, None)
-        groups = make_groups(mined, inputs.items, encode, artifact.max_len, at=at, last_event=last_event)
+        groups = with_served_sources(make_groups(mined, inputs.items, encode, artifact.max_len, at=at,
+                                                 last_event=last_event), inputs.items, artifact, ranker, vectors)
         with torch.inference_mode():
             scores = ranker.ranker.score(features(source, groups, np.arange(len(rows))))  # (U, depth)
         order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k].numpy()
-        reranked = np.take_along_axis(mined.candidates, order, axis=1)
+        reranked = np.take_along_axis(groups.mined.candidates, order, axis=1)
         empty = np.take_along_axis(~np.isfinite(scores.numpy()), order, axis=1)
         out["reranked"] = np.where(empty, 0, reranked)
     return out

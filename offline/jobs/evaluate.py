@@ -119,15 +119,21 @@ def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) 
         if timed and not has_clock(data):
             raise SeqrecError(f"{data.path} has no timestamps; the ranker reads request-time features")
         at, last_event = request_times(split, name, mined) if timed else (None, None)  # as a served request's
-        groups[name] = make_groups(mined, sources[name], encode, artifact.max_len, at=at, last_event=last_event)
-        share = None if system.ranker is None else system.ranker.cooc_share
-        if share is not None:
-            assert system.ranker is not None
-            assert system.ranker.cooc is not None
-            groups[name] = merge_groups(groups[name], sources[name], system.ranker.cooc, share,
-                                        retrieval_rows(artifact.model, system.source.item_vectors),
-                                        exclude_seen=artifact.manifest.exclude_seen)
+        groups[name] = with_served_sources(
+            make_groups(mined, sources[name], encode, artifact.max_len, at=at, last_event=last_event),
+            sources[name], artifact, system.ranker, system.source.item_vectors)
     return groups
+
+
+def with_served_sources(groups: Groups, items: np.ndarray, artifact: RetrieverArtifact,
+                        ranker: RankerArtifact | None, item_vectors: torch.Tensor) -> Groups:
+    """The retriever's groups merged with the co-occurrence source's list where ``ranker`` was trained on the
+    union (as the service merges them); unchanged otherwise. items: the flat array the histories are slices of."""
+    if ranker is None or ranker.cooc_share is None:
+        return groups
+    assert ranker.cooc is not None
+    return merge_groups(groups, items, ranker.cooc, ranker.cooc_share, retrieval_rows(artifact.model, item_vectors),
+                        exclude_seen=artifact.manifest.exclude_seen)
 
 
 def _reranked(system: _System, groups: Groups, n_items: int, *, k: int, mask_ids: bool = False) -> Reranked:

@@ -11,12 +11,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from offline.analysis.predictions import readable_predictions
 from offline.bench.parity import TOLERANCE, compare
 from offline.cli import main as seqrec
 from offline.data.prepared import load_prepared
-from offline.jobs.evaluate import evaluate_bundle
+from offline.jobs.evaluate import evaluate_bundle, two_stage_top
 from ranker.artifact import load_ranker
 from ranker.extras import EXTRA_FEATURES
 from retriever.artifact import ArtifactError, load_artifact
@@ -108,3 +110,15 @@ def test_a_ranker_whose_table_is_not_listed_is_refused(cooc_bundle: Path, tmp_pa
     path.write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match=f"lists no {name}"):
         load_ranker(copy, load_artifact(copy).manifest)
+
+
+def test_readable_predictions_rerank_the_evaluated_union(cooc_bundle: Path, prepared: Path) -> None:
+    """The analysis report's reranked lists are the lists `seqrec evaluate` counts (and the service returns): the
+    union of both sources, not the retriever's candidates alone."""
+    data = load_prepared(prepared)
+    rows = np.arange(data.n_users)
+    shown = readable_predictions({"cooc": load_artifact(cooc_bundle)}, data, rows)
+    evaluated, _ = two_stage_top(cooc_bundle, data)
+    for row, user in zip(rows.tolist(), shown, strict=True):
+        expected = [str(data.item_ids[i]) for i in evaluated.top[row] if i != 0]
+        assert [e["id"] for e in user["lists"]["cooc"]["reranked"]] == expected, user["user_id"]
