@@ -70,6 +70,18 @@ def two_stage_top(bundle: Path, data: PreparedDataset, *, split: str = "test", k
     return _reranked(system, groups, data.n_items, k=k), groups.mined.target
 
 
+def retrieved_groups(bundle: Path, data: PreparedDataset,
+                     splits: tuple[str, ...] = ("valid", "test")) -> tuple[_System, dict[str, Groups]]:
+    """The served system of ``bundle`` and each split's groups as `evaluate_bundle` scores them."""
+    system = _system(bundle, data, "auto", None)
+    return system, _retrieved(system, data, splits)
+
+
+def reranked_ranks(system: _System, groups: Groups, n_items: int) -> np.ndarray:
+    """(G,) each target's rank as `evaluate_bundle` counts it, for groups of `retrieved_groups` (altered or not)."""
+    return _reranked(system, groups, n_items, k=1).ranks
+
+
 @dataclass(frozen=True)
 class _System:
     artifact: RetrieverArtifact

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from offline.analysis.predictions import readable_predictions
+from offline.bench import request_times
 from offline.bench.parity import TOLERANCE, compare
 from offline.cli import main as seqrec
 from offline.data.prepared import load_prepared
@@ -122,3 +123,21 @@ def test_readable_predictions_rerank_the_evaluated_union(cooc_bundle: Path, prep
     for row, user in zip(rows.tolist(), shown, strict=True):
         expected = [str(data.item_ids[i]) for i in evaluated.top[row] if i != 0]
         assert [e["id"] for e in user["lists"]["cooc"]["reranked"]] == expected, user["user_id"]
+
+
+def test_the_request_time_bench_starts_from_the_evaluated_figures(cooc_bundle: Path, prepared: Path,
+                                                                   tmp_path: Path) -> None:
+    result = request_times.run(cooc_bundle, prepared)
+    evaluated = evaluate_bundle(cooc_bundle, load_prepared(prepared))
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert list(rows) == list(request_times.VARIANTS)
+    first = rows[next(iter(request_times.VARIANTS))]
+    assert first["valid"] == pytest.approx(evaluated["valid"]["NDCG@10"])
+    assert first["test"] == pytest.approx(evaluated["test"]["NDCG@10"])
+    assert result["features"] == list(EXTRA_FEATURES)
+    assert request_times.main(["--artifact", str(cooc_bundle), "--data", str(prepared), "--out",
+                               str(tmp_path / "rt")]) == 0
+    written = json.loads((tmp_path / "rt.json").read_text())["rows"]
+    clock_free = [0, 1, 3]  # every variant but "the clock when the bench ran" repeats exactly
+    assert [written[i] for i in clock_free] == [result["rows"][i] for i in clock_free]
+    assert "| requests carry |" in (tmp_path / "rt.md").read_text()
