@@ -31,7 +31,12 @@ TIME_FEATURES = (  # as of the request's time `at` (`ranker.times`); need timest
     "days_since_first",  # log1p(days from its first training interaction before `at`), -1 when none
     "user_idle_days",  # log1p(days from the user's newest interaction to `at`), -1 when its time is unknown
 )
-EXTRA_FEATURES = COOC_FEATURES + TIME_FEATURES
+META_FEATURES = (  # from the catalogue's metadata (genres, attributes), computed with the base columns
+    "meta_last",  # share of the candidate's metadata values that the newest history item has
+    "meta_recent",  # ... that any of the newest META_RECENT history items has
+)
+META_RECENT = 3
+EXTRA_FEATURES = COOC_FEATURES + TIME_FEATURES + META_FEATURES
 COOC_WINDOWS = {"cooc_last1": 1, "cooc_last3": 3, "cooc_last10": 10}
 NOT_FOUND = -1.0  # the sentinel of a rank feature when the source does not hold the candidate
 
@@ -64,9 +69,16 @@ def needs_time(names: tuple[str, ...] | list[str]) -> bool:
     return any(n in TIME_FEATURES for n in names)
 
 
+def needs_meta(names: tuple[str, ...] | list[str]) -> bool:
+    return any(n in META_FEATURES for n in names)
+
+
 def extra_columns(extras: Extras, history: Tensor, candidates: Tensor, unknown: Tensor,
-                  at: Tensor | None = None, last_event: Tensor | None = None) -> Tensor:
+                  at: Tensor | None = None, last_event: Tensor | None = None,
+                  given: dict[str, Tensor] | None = None) -> Tensor:
     """(B, N, len(extras.names)) float32 for (B, T) left-padded histories and (B, N) candidates.
+
+    given: the META_FEATURES columns, which `ranker.features.compute_features` computes from the base tables.
 
     at: (B,) each request's time in seconds, needed by TIME_FEATURES; last_event: (B,) the time of each
     user's newest interaction, NaN where unknown (needed by user_idle_days). Every column is computed in
@@ -77,7 +89,7 @@ def extra_columns(extras: Extras, history: Tensor, candidates: Tensor, unknown: 
     b, n = candidates.shape
     if not extras.names:
         return torch.zeros(b, n, 0)
-    columns: dict[str, Tensor] = {}
+    columns: dict[str, Tensor] = dict(given or {})
     if extras.needs_time:
         if extras.times is None or at is None:
             raise ValueError(f"ranker features {[x for x in extras.names if x in TIME_FEATURES]} need the "

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ranker.extras import Extras, extra_columns
+from ranker.extras import META_RECENT, Extras, extra_columns, needs_meta
 from retriever.windows import row_groups
 
 DENSE_FEATURES = (
@@ -256,8 +256,9 @@ def compute_features(
     dense[..., ID_DERIVED] = np.where(unknown[..., None], np.float32(0), dense[..., ID_DERIVED])
     out = torch.from_numpy(dense)
     if extras is not None and extras.names:
+        given = _recent_meta_columns(t, hist, meta) if needs_meta(extras.names) else None
         out = torch.cat([out, extra_columns(extras, history, candidates, torch.from_numpy(unknown), at,
-                                           last_event)], dim=-1)
+                                           last_event, given)], dim=-1)
     out = out * torch.from_numpy(valid[..., None])
     product = torch.from_numpy(np.where(unknown[..., None], np.float32(0), user.numpy()[:, None, :] * cand_vec))
     return FeatureBatch(out, candidates, torch.from_numpy(meta), torch.from_numpy(t.year_bucket[cand]), user, product)
@@ -347,6 +348,20 @@ def _meta_features(dense: np.ndarray, t: TableArrays, history: np.ndarray, hist_
     share = found / hist_len.astype(np.float32)[:, None, None]
     # torch's float32 sum (numpy's pairwise sum rounds differently, and trained rankers saw torch's values)
     dense[..., COLUMN["meta_affinity"]] = torch.from_numpy(share).sum(-1).numpy() / has
+
+
+def _recent_meta_columns(t: TableArrays, history: np.ndarray, meta: np.ndarray) -> dict[str, Tensor]:
+    """`ranker.extras.META_FEATURES`: the share of each candidate's metadata values (meta: (B, N, M) value ids,
+    0 = none) held by the newest history item, and by any of the newest META_RECENT (0 without values)."""
+    has = np.maximum((meta != 0).sum(-1), 1).astype(np.float32)  # (B, N)
+    newest = history[:, -META_RECENT:]
+    recent = t.meta[newest] * (newest != 0)[..., None]  # (B, R, M); padding holds no value
+    held = meta[:, :, :, None, None] == recent[:, None, None, :, :]  # (B, N, M, R, M)
+    held &= (meta != 0)[..., None, None]
+    by_item = held.any(-1)  # (B, N, M, R): value m of the candidate is among item r's values
+    last = by_item[..., -1].sum(-1).astype(np.float32) / has
+    anywhere = by_item.any(-1).sum(-1).astype(np.float32) / has
+    return {"meta_last": torch.from_numpy(last), "meta_recent": torch.from_numpy(anywhere)}
 
 
 def standardize_stats(dense: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:

@@ -116,3 +116,29 @@ def test_items_added_after_training_follow_nothing_and_are_followed_by_nothing()
     extras = Extras(("popularity_trend",), table.torch())
     out = extra_columns(extras, torch.tensor([[1, 7]]), torch.tensor([[3, 9]]), torch.tensor([[False, True]]))
     assert out[0, :, 0].tolist() == pytest.approx([0.3, 0.0])
+
+
+def test_meta_columns_by_hand_and_batch_independent() -> None:
+    # value ids per item (0 = none): 1 {a, b}, 2 {b}, 3 {c}, 4 {a, c}, 5 none
+    meta = np.array([[0, 0], [1, 2], [2, 0], [3, 0], [1, 3], [0, 0]])
+    tables = ItemTables.build(OFFSETS, ITEMS, 5, meta).torch()
+    vectors = torch.nn.functional.normalize(torch.randn(6, 4), dim=-1)
+    vectors[0] = 0
+    extras = Extras(("meta_last", "meta_recent"))
+
+    def columns(history: list[list[int]], candidates: list[list[int]]) -> torch.Tensor:
+        b, n = len(candidates), len(candidates[0])
+        out = compute_features(tables, vectors, torch.tensor(history), vectors[[1] * b],
+                               torch.tensor(candidates), torch.full((b, n), 0.5), extras=extras)
+        return out.dense[..., len(DENSE_FEATURES):]
+
+    # history 3, 1, 2 (newest last): the newest holds {b}; the newest three {a, b, c} (META_RECENT = 3)
+    out = columns([[3, 1, 2]], [[4, 1, 5, 3]])
+    assert out[0, :, 0].tolist() == pytest.approx([0.0, 0.5, 0.0, 0.0])  # 4 {a, c}: neither; 1 {a, b}: b
+    assert out[0, :, 1].tolist() == pytest.approx([1.0, 1.0, 0.0, 1.0])  # 5 has no value: 0
+    # only the newest three count: with 3 four back, c is no longer recent
+    assert columns([[3, 2, 2, 2]], [[4]])[0, 0].tolist() == pytest.approx([0.0, 0.0])
+    # the same user left-padded beside another gets the same bits
+    wide = columns([[0, 3, 1, 2], [4, 5, 5, 2]], [[4, 1, 5, 3], [1, 2, 3, 4]])
+    assert torch.equal(wide[0], out[0])
+    assert wide[1, :, 1].tolist() == pytest.approx([0.5, 1.0, 0.0, 0.0])  # newest three 5, 5, 2: {b}; 4 is older
