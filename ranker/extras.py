@@ -1,5 +1,5 @@
-"""Optional ranker features beyond `ranker.features.DENSE_FEATURES`: from the co-occurrence table and, for
-data with timestamps, as of the request's time.
+"""Optional ranker features beyond `ranker.features.DENSE_FEATURES`: from the co-occurrence table, for
+data with timestamps as of the request's time, and from the catalogue's metadata near the history's end.
 
 A ranker is trained on the base columns plus the extras its config names (kept when validation
 says so); the manifest records the list, so a ranker without extras (every older bundle) still
@@ -90,6 +90,8 @@ def extra_columns(extras: Extras, history: Tensor, candidates: Tensor, unknown: 
     if not extras.names:
         return torch.zeros(b, n, 0)
     columns: dict[str, Tensor] = dict(given or {})
+    if needs_meta(extras.names) and not all(n in columns for n in extras.names if n in META_FEATURES):
+        raise ValueError("the metadata features are computed with the base columns (`compute_features`)")
     if extras.needs_time:
         if extras.times is None or at is None:
             raise ValueError(f"ranker features {[x for x in extras.names if x in TIME_FEATURES]} need the "

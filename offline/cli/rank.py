@@ -101,8 +101,8 @@ def add_train_ranker_parser(sub: Subparsers, common: argparse.ArgumentParser) ->
     c.add_argument("--features", type=parse_names, default=ranker_default("features"),
                    help="comma-separated extra ranker features (ranker/extras.py): cooc_last1, cooc_last3, "
                    "cooc_last10, cooc_rank, popularity_trend; with timestamps, as of the request's time: "
-                   "recent_30d, recent_7d, days_since_last, days_since_first, user_idle_days; "
-                   "empty: the base features alone")
+                   "recent_30d, recent_7d, days_since_last, days_since_first, user_idle_days; from the "
+                   "catalogue's metadata: meta_last, meta_recent; empty: the base features alone")
     m = p.add_argument_group("MLP ranker")
     m.add_argument("--loss", choices=["listwise", "bce"], default=mlp_default("loss"),
                    help="loss over each candidate group")
