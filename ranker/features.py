@@ -233,9 +233,7 @@ def compute_features(
     hist = history.numpy()
     b, n = cand.shape
     valid = cand != 0
-    unknown = ~t.known[cand] | ~valid
-    if id_mask is not None:
-        unknown |= id_mask.numpy()
+    unknown = ~t.known[cand] | ~valid | (id_mask.numpy() if id_mask is not None else False)
     vectors = item_vectors.numpy()
     cand_vec = vectors[cand]  # (B, N, D)
     hist_valid = hist != 0  # (B, T)
