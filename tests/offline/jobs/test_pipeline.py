@@ -140,14 +140,14 @@ def test_a_pipeline_with_extra_ranker_features_publishes_a_bundle_that_serves_th
 
     path = _config(tmp_path, kind="auto")
     config = yaml.safe_load(path.read_text())
-    config["ranker"]["features"] = ["cooc_last1", "cooc_rank", "popularity_trend"]
+    config["ranker"]["features"] = ["cooc_last1", "cooc_rank", "popularity_trend", "meta_last", "meta_recent"]
     path.write_text(yaml.safe_dump(config))
     artifacts = tmp_path / "artifacts"
     assert main(["pipeline", "--config", str(path), "--out", str(artifacts), "--threads", "1", "-q"]) == 0
     record = json.loads((artifacts / "current" / "pipeline.json").read_text())
     assert record["config"]["ranker"]["features"] == config["ranker"]["features"]
     manifest = json.loads((artifacts / "current" / "ranker" / "manifest.json").read_text())
-    assert manifest["features"]["dense"][-3:] == config["ranker"]["features"]
+    assert manifest["features"]["dense"][-5:] == config["ranker"]["features"]
     bundle = load_bundle(artifacts / "current")  # loads the cooc table and answers a smoke query
     assert bundle.ranker is not None
 
