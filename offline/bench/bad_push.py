@@ -104,7 +104,7 @@ def bad_push(url: str, artifacts: Path, good: Path, broken: Mapping[str, tuple[P
     for each broken bundle, point ``current`` at it, POST /admin/reload (which must answer 409 with the
     expected reason), point ``current`` back; then publish ``new`` the same way (200). Every request
     must be answered 2xx, by ``good`` until the good push and by ``new`` once its reload returned."""
-    from offline.jobs.pipeline import switch_current
+    from offline.jobs.versions import switch_current
 
     v_good, v_new = bundle_version(good), bundle_version(new)
     served = get_json(url, "/readyz")["model_version"]
@@ -182,7 +182,7 @@ def main() -> int:
     parser.add_argument("--gap", type=float, default=3.0, help="seconds of load between pushes")
     parser.add_argument("--tail", type=float, default=10.0, help="seconds of load after the good push")
     args = parser.parse_args()
-    from offline.jobs.pipeline import switch_current
+    from offline.jobs.versions import switch_current
 
     v1, v2 = ensure_versions(args.artifacts, args.config, 2, args.threads)[-2:]
     catalogue = load_catalogue(v1)

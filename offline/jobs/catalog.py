@@ -19,11 +19,10 @@ import pyarrow.parquet as pq
 
 from offline.data.prepare import _write_atomically
 from offline.data.prepared import ITEMS, SEQUENCES, USERS, load_prepared
+from offline.jobs.versions import CURRENT
 from service.catalog import CatalogChanges, read_journal, write_journal
 
 log = logging.getLogger(__name__)
-
-CURRENT = "current"
 
 
 def served_bundle(artifacts: Path) -> Path | None:

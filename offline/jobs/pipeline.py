@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
+from offline.jobs.versions import VERSIONS, prune_versions, switch_current
 from offline.tables import markdown_table
 from offline.tune.section import TuneSection, keep_report
 from ranker.config import RankerSection
@@ -37,7 +38,7 @@ from retriever.errors import SeqrecError, validation_message
 log = logging.getLogger(__name__)
 
 STAGES = ("prepare", "train", "export", "mine", "train-ranker", "evaluate", "publish")
-WORK, VERSIONS, CURRENT, STATE = "work", "versions", "current", "state.json"
+WORK, STATE = "work", "state.json"
 
 
 class _Strict(BaseModel):
@@ -219,7 +220,7 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
         run.finish(name, time.perf_counter() - start, **info)
     bar.close()
     summary = _summary(run)
-    _prune(artifacts, config.keep)
+    prune_versions(artifacts, config.keep)
     shutil.rmtree(run.folder, ignore_errors=True)  # everything needed is in the published bundle
     return summary
 
@@ -340,29 +341,6 @@ def _fault_point(name: str) -> None:
     if os.environ.get("SEQREC_FAULT_INJECT") == name:
         log.warning("fault injection: SIGKILL at %s", name)
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def switch_current(artifacts: Path, target: Path) -> None:
-    """Point ARTIFACTS/current at ``target``: a temporary symlink renamed over the old one (atomic)."""
-    link = artifacts / CURRENT
-    tmp = artifacts / f".{CURRENT}.{os.getpid()}.tmp"
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(os.path.relpath(target, artifacts))
-    os.replace(tmp, link)
-
-
-def _prune(artifacts: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` versions; never the one `current` names."""
-    folder = artifacts / VERSIONS
-    current = (artifacts / CURRENT).resolve() if (artifacts / CURRENT).exists() else None
-    versions = sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
-    removed = []
-    for old in versions[keep:]:
-        if current is not None and old.resolve() == current:
-            continue
-        shutil.rmtree(old, ignore_errors=True)
-        removed.append(old)
-    return removed
 
 
 def _summary(run: Run) -> PipelineSummary:

@@ -18,7 +18,7 @@ from offline.bench.payloads import load_catalogue
 from offline.bench.processes import RedisProcess
 from offline.bench.redis_faults import redis_faults
 from offline.bench.soak import soak
-from offline.jobs.pipeline import switch_current
+from offline.jobs.versions import switch_current
 from retriever.errors import SeqrecError
 from tests.service.support import Server, free_port, serving, train_bundle
 
