@@ -125,21 +125,27 @@ def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read YAML (or start from defaults), apply ``section.key=value`` overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        loaded = read_yaml(path, "config file")
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        raw = loaded or {}
+        raw = read_yaml(path, "config file")
     return config_from_dict(apply_overrides(raw, overrides), source=str(path or "defaults"))
 
 
-def read_yaml(path: Path, what: str) -> Any:
-    """The parsed YAML of ``path``; a missing file or bad YAML is a one-line `ConfigError` naming ``what``."""
+def read_yaml(path: Path, what: str) -> dict[str, Any]:
+    """The top-level mapping of the YAML file ``path`` (an empty file reads as ``{}``); a missing file, bad YAML
+    or a top level that is not a mapping is a one-line `ConfigError` naming ``what``."""
     try:
-        return yaml.safe_load(Path(path).read_text())
+        loaded = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such {what}") from None
-    except yaml.YAMLError as err:
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a folder, not a {what}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping (section: ...) at the top level of the {what}, "
+                          f"not a {type(loaded).__name__}")
+    return loaded
 
 
 def config_from_dict(raw: Mapping[str, Any], source: str = "config") -> RunConfig:

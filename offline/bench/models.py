@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -245,7 +246,10 @@ def run_bench(args: argparse.Namespace) -> int:
         test = row.get("test", {}).get("NDCG@10")
         print(f"{row['model']:<20} " + (f"test NDCG@10 {cell(test, '.4f')}" if test else f"error: {row['error']}"))
     print(f"tables -> {args.out / 'results.md'} (.json, .csv)")
-    return 0
+    failed = sum(1 for record in records if record.error)
+    if failed:  # the tables hold every finished run; a script must still see that some did not finish
+        print(f"seqrec bench: {failed} of {len(records)} runs failed (their rows say why)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def run_merge(args: argparse.Namespace) -> int:

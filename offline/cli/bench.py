@@ -66,7 +66,8 @@ def add_bench_parser(sub: SubParsers, common: argparse.ArgumentParser) -> None:
         description="Train every model with its committed config (CONFIGS_DIR/<dataset>/<model>.yaml) once per "
         "seed, evaluate valid and test with full ranking, measure parameters, FLOPs and speed, and write "
         "OUT/results.{md,json,csv}: mean ± std over seeds. Runs go to OUT/runs/<model>/seed<seed>; "
-        "rerunning skips finished runs and resumes interrupted ones; a failing model gets an error row.",
+        "rerunning skips finished runs and resumes interrupted ones; a failing run gets an error row (the other "
+        "runs still finish) and makes the exit status 1.",
         epilog="`seqrec bench latency --help`: forward latency and throughput against sequence length.",
     )
     p.add_argument("--data", type=Path, help="prepared folder (from `seqrec prepare`)")

@@ -46,7 +46,7 @@ def _tune(args: argparse.Namespace) -> int:
                           storage=args.storage, fixed=_pins(args.fix))
     options.check()
     overrides = list(args.extra) + ([f"train.threads={args.threads}"] if args.threads is not None else [])
-    base = apply_overrides((read_yaml(args.config, "config file") or {}) if args.config else {}, overrides)
+    base = apply_overrides(read_yaml(args.config, "config file") if args.config else {}, overrides)
     command = "seqrec " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("tune"):]) \
         if "tune" in sys.argv else "seqrec tune"
     result = tune(base, load_prepared(args.data), args.out, options, command=command)

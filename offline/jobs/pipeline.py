@@ -74,7 +74,7 @@ class PipelineConfig(_Strict):
 def load_pipeline_config(path: Path) -> PipelineConfig:
     raw = read_yaml(path, "pipeline config")
     try:
-        config = PipelineConfig.model_validate(raw or {})
+        config = PipelineConfig.model_validate(raw)
     except ValidationError as err:
         raise SeqrecError(f"{path}: {validation_message(err)}") from None
     base = Path(path).resolve().parent

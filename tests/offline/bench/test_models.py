@@ -49,7 +49,7 @@ def _bench(setup: tuple[Path, Path], out: Path, *extra: str, models: str = "sasr
 @pytest.fixture(scope="module")
 def bench(setup: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("results") / "tiny"
-    assert _bench(setup, out) == 0
+    assert _bench(setup, out) == 1  # "broken" fails: the tables hold the others, the exit status says so
     return out
 
 
@@ -160,14 +160,14 @@ def test_rerun_skips_finished_runs_and_resumes_unfinished_ones(setup: tuple[Path
         return train(config, data, run_dir, resume=resume, **kwargs)
 
     monkeypatch.setattr(offline.jobs.train, "train_retriever", counting)
-    assert _bench(setup, out) == 0
+    assert _bench(setup, out) == 1  # "broken" still fails
     # Only the unfinished run (resumed from its checkpoint) and the failing model, which is retried, train again.
     assert calls == [("runs/transformer/seed2", True), ("runs/broken/seed1", False), ("runs/broken/seed2", False)]
     after = json.loads((out / "results.json").read_text())
     assert after["models"][0] == before["models"][0]
     assert after["models"][1]["test"] == before["models"][1]["test"]
 
-    assert _bench(setup, out, "--set", "train.lr=0.01", models="sasrec") == 0  # finished runs, other config
+    assert _bench(setup, out, "--set", "train.lr=0.01", models="sasrec") == 1  # finished runs, other config
     row = json.loads((out / "results.json").read_text())["models"][0]
     assert "another config" in row["error"]
 
@@ -381,3 +381,13 @@ def test_merge_of_unhashed_runs_without_their_folders_warns_and_merges_as_before
     runs = json.loads((tmp_path / "o" / "results.json").read_text())["runs"]
     assert [r["seed"] for r in runs] == [1, 2]
     assert not any("config_sha256" in r for r in runs)
+
+
+def test_a_bench_whose_runs_all_fail_exits_1_with_its_tables(setup: tuple[Path, Path], tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    assert _bench(setup, tmp_path, models="broken") == 1
+    assert "2 of 2 runs failed" in capsys.readouterr().err
+    rows = json.loads((tmp_path / "results.json").read_text())["models"]
+    assert [row["model"] for row in rows] == ["broken"]
+    assert "no column 'colour'" in rows[0]["error"]

@@ -173,3 +173,28 @@ def test_eval_users_validates_and_reports_on_a_fixed_user_sample(prepared: Path,
     expected = dense_metrics(model, sample, data.n_items, max_len, exclude_seen=manifest.exclude_seen)
     for split in ("valid", "test"):
         assert manifest.metrics[split]["NDCG@10"] == pytest.approx(expected[split]["NDCG@10"], abs=1e-6)
+
+
+@pytest.mark.parametrize("content", ["- model\n- train\n", "just a string\n", b"\xff\xfe\x00", None],
+                         ids=["list", "string", "not-utf8", "folder"])
+def test_a_config_that_is_not_a_mapping_is_a_one_line_error(prepared: Path, tmp_path: Path, content: str | bytes | None,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "config.yaml"
+    if content is None:
+        config.mkdir()
+    elif isinstance(content, bytes):
+        config.write_bytes(content)
+    else:
+        config.write_text(content)
+    outs = [tmp_path / "a", tmp_path / "t", tmp_path / "p"]
+    commands = [["train", "--config", str(config), "--data", str(prepared), "--out", str(outs[0])],
+                ["tune", "--config", str(config), "--data", str(prepared), "--trials", "1", "--out", str(outs[1])],
+                ["pipeline", "--config", str(config), "--out", str(outs[2])]]
+    for argv in commands:
+        capsys.readouterr()
+        assert main(argv) == 1, argv[0]
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"seqrec: error: {config}: "), (argv[0], err)
+        assert "internal error" not in err[-1]
+        assert "Traceback" not in "\n".join(err)
+        assert not any(out.exists() for out in outs)
