@@ -80,6 +80,8 @@ def _run(argv: Sequence[str] | None) -> int:
     debug = getattr(args, "debug", False)
     level = logging.DEBUG if debug else logging.WARNING if getattr(args, "quiet", False) else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not debug:  # faiss logs each SIMD build it fails to load as a ModuleNotFoundError: noise, not a fault
+        logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     handler: Handler = args.handler
     try:
         if getattr(args, "overrides", False):

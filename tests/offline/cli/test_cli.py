@@ -61,6 +61,14 @@ def test_missing_file_is_one_line_without_traceback(tmp_path):
     assert "nope.txt" in result.stderr
 
 
+def test_an_error_that_loads_faiss_is_still_one_line(tmp_path):
+    # faiss logs each SIMD build it cannot load ("ModuleNotFoundError(...)") at INFO while importing
+    result = run_cli("serve", "--artifact", str(tmp_path / "nope"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"seqrec: error: {tmp_path / 'nope'}: no such folder (set SEQREC_ARTIFACTS or " \
+                                    "--artifacts)"
+
+
 def test_malformed_line_names_file_and_line(write, tmp_path):
     path = write("log.csv", "user_id,item_id,timestamp\n1,a,1\n1,b\n")
     result = run_cli("-q", "prepare", "--dataset", "csv", "--path", str(path), "--out", str(tmp_path / "o"))
