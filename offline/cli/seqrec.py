@@ -8,10 +8,12 @@ appears only with --debug.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TypeGuard
 
 from offline.cli.analyze import add_analyze_parser
 from offline.cli.common import Handler, Subparsers, common_parser
@@ -98,8 +100,36 @@ def _run(argv: Sequence[str] | None) -> int:
     except Exception as err:
         if debug:
             raise
+        if _file_system_error(err):  # a folder that cannot be written, a full disk: the user's to fix
+            blocker = _file_in_the_way(err)
+            where = blocker or (f"{err.filename}" if err.filename is not None else "")
+            reason = "a file, where a folder is needed" if blocker else err.strerror
+            print(f"seqrec: error: {where}{': ' if where else ''}{reason}", file=sys.stderr)
+            return 1
         user_error = isinstance(err, SeqrecError)
         kind = "error" if user_error else f"internal error ({type(err).__name__})"
         hint = "" if user_error else " (rerun with --debug for the traceback)"
         print(f"seqrec: {kind}: {err}{hint}", file=sys.stderr)
         return 1
+
+
+def _file_system_error(err: Exception) -> TypeGuard[OSError]:
+    """An OSError about a path the user gave or about the disk (permissions, read-only, full, not a folder)."""
+    if not isinstance(err, OSError) or err.strerror is None:
+        return False
+    disk = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+    path = err.filename is not None and err.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                                                      errno.EISDIR, errno.EEXIST)
+    return disk or path
+
+
+def _file_in_the_way(err: OSError) -> str | None:
+    """The file that stands where a folder of ``err.filename``'s path has to be, if that is what went wrong."""
+    if err.errno not in (errno.EEXIST, errno.ENOTDIR) or err.filename is None:
+        return None
+    path = os.path.abspath(str(err.filename))
+    while path != os.path.dirname(path):
+        if os.path.isfile(path):
+            return path
+        path = os.path.dirname(path)
+    return None

@@ -69,6 +69,19 @@ def test_an_error_that_loads_faiss_is_still_one_line(tmp_path):
                                     "--artifacts)"
 
 
+def test_an_output_folder_that_cannot_be_made_is_one_line(write, tmp_path):
+    blocker = write("a-file", "not a folder\n")
+    config = write("pipeline.yaml", "name: p\ndata:\n  dataset: synthetic\n")
+    commands = [("prepare", "--dataset", "synthetic", "--out", str(blocker / "data")),
+                ("pipeline", "--config", str(config), "--out", str(blocker / "artifacts"))]
+    for argv in commands:
+        result = run_cli(*argv)
+        assert result.returncode == 1, argv[0]
+        assert result.stderr.strip().splitlines()[-1] == f"seqrec: error: {blocker}: a file, where a folder is needed"
+        assert "internal error" not in result.stderr
+    assert blocker.read_text() == "not a folder\n"
+
+
 def test_malformed_line_names_file_and_line(write, tmp_path):
     path = write("log.csv", "user_id,item_id,timestamp\n1,a,1\n1,b\n")
     result = run_cli("-q", "prepare", "--dataset", "csv", "--path", str(path), "--out", str(tmp_path / "o"))
