@@ -208,7 +208,10 @@ def _with_metadata(keys: pa.Table, metadata: pa.Table | None, key: str, source: 
 
 def _write_atomically(out: Path, tables: dict[str, pa.Table | None], manifest: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:  # name the folder the user asked for, not our hidden sibling of it
+        raise OSError(err.errno, err.strerror, str(out)) from None
     try:
         checksums = {}
         for name, table in tables.items():

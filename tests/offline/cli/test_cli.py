@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +81,13 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(write, tmp_path):
         assert result.stderr.strip().splitlines()[-1] == f"seqrec: error: {blocker}: a file, where a folder is needed"
         assert "internal error" not in result.stderr
     assert blocker.read_text() == "not a folder\n"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no folder can be made")
+def test_an_output_folder_that_cannot_be_written_names_it():
+    result = run_cli("prepare", "--dataset", "synthetic", "--out", "/proc/seqrec-out")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("seqrec: error: /proc/seqrec-out: "), result.stderr
 
 
 def test_malformed_line_names_file_and_line(write, tmp_path):
