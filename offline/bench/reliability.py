@@ -22,6 +22,7 @@ import numpy as np
 from offline.bench.load import Call, run_load
 from offline.bench.payloads import short_payloads
 from offline.bench.processes import SERVICE_APP, RunningServer, start_server_process
+from offline.jobs.versions import CURRENT, VERSIONS
 from retriever.errors import SeqrecError
 
 
@@ -36,7 +37,7 @@ def history_calls(catalogue: Sequence[str], seed: int, keep: bool = False) -> li
 
 def published_versions(artifacts: Path) -> list[Path]:
     """ARTIFACTS/versions/* holding a manifest, oldest first (by the manifest's created_at)."""
-    folder = artifacts / "versions"
+    folder = artifacts / VERSIONS
     found = [p for p in folder.iterdir() if (p / "manifest.json").is_file()] if folder.is_dir() else []
     return sorted(found, key=lambda p: (json.loads((p / "manifest.json").read_text()).get("created_at", ""), p.name))
 
@@ -53,9 +54,9 @@ def ensure_versions(artifacts: Path, config: Path, n: int, threads: int = 1) -> 
 
 def current_bundle(args: argparse.Namespace) -> Path:
     """ARTIFACTS/current, resolved; trained first with `seqrec pipeline --config CONFIG` when there is none."""
-    if not (args.artifacts / "current").exists():
+    if not (args.artifacts / CURRENT).exists():
         ensure_versions(args.artifacts, args.config, 1, args.threads)
-    return Path(args.artifacts / "current").resolve()
+    return (args.artifacts / CURRENT).resolve()
 
 
 def service_env(artifacts: Path, **settings: str) -> dict[str, str]:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from offline.jobs.versions import CURRENT
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,9 +39,9 @@ def main() -> int:
     seqrec = [sys.executable, "-m", "offline.cli"]
     pipeline = [*seqrec, "pipeline", "--config", str(args.config), "--out", str(args.artifacts),
                 "--threads", str(args.threads), "-q"]
-    if not (args.artifacts / "current").exists():
+    if not (args.artifacts / CURRENT).exists():
         subprocess.run(pipeline, check=True, stdout=subprocess.DEVNULL)
-    item_ids = load_catalogue(args.artifacts / "current")
+    item_ids = load_catalogue(args.artifacts / CURRENT)
     payloads = payloads_from_catalogue(item_ids, 300, min_len=5, max_len=min(50, len(item_ids)), seed=0)
     env = {"SEQREC_ARTIFACTS": str(args.artifacts), "SEQREC_THREADS": "1", "SEQREC_LOG_LEVEL": "warning"}
     with start_server(SERVICE_APP, env) as url:

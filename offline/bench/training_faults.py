@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from offline.jobs.versions import CURRENT, VERSIONS
+
 
 def pipeline(config: Path, out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "offline.cli", "pipeline", "--config", str(config), "--out", str(out),
@@ -40,14 +42,14 @@ def finished(process: subprocess.Popen[bytes], what: str) -> None:
 
 
 def valid_ndcg(artifacts: Path) -> float:
-    record = json.loads((artifacts / "current" / "pipeline.json").read_text())
+    record = json.loads((artifacts / CURRENT / "pipeline.json").read_text())
     return float(record["stages"]["train"]["valid_ndcg@10"])
 
 
 def current_ok(artifacts: Path) -> str:
     from service.bundle import load_bundle
 
-    return load_bundle(artifacts / "current").version  # raises on a partial or corrupt bundle
+    return load_bundle(artifacts / CURRENT).version  # raises on a partial or corrupt bundle
 
 
 def main() -> int:
@@ -76,7 +78,7 @@ def main() -> int:
     state = json.loads(next(killed.glob("work/*/state.json")).read_text())
     after_kill = current_ok(killed)
     finished(pipeline(args.config, killed, "--resume"), "resumed run")
-    resumed = json.loads((killed / "current" / "pipeline.json").read_text())
+    resumed = json.loads((killed / CURRENT / "pipeline.json").read_text())
     report["kill_during_training"] = {
         "signal": "SIGKILL", "stages_done_at_kill": list(state["stages"]),
         "current_before": before, "current_after_kill": after_kill, "current_intact": after_kill == before,
@@ -89,7 +91,7 @@ def main() -> int:
     process = pipeline(args.config, killed, env={"SEQREC_FAULT_INJECT": "publish-before-switch"})
     process.wait()
     after_kill = current_ok(killed)
-    moved = sorted(p.name for p in (killed / "versions").iterdir())
+    moved = sorted(p.name for p in (killed / VERSIONS).iterdir())
     finished(pipeline(args.config, killed, "--resume"), "resumed publish")
     report["kill_during_publish"] = {
         "exit_code": process.returncode, "current_before": before, "current_after_kill": after_kill,

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from offline.cli.common import Subparsers, set_threads
+from offline.jobs.versions import CURRENT
 from retriever.errors import SeqrecError
 
 PIPELINES = Path(__file__).resolve().parents[2] / "configs" / "pipeline"
@@ -72,7 +73,7 @@ def _demo(args: argparse.Namespace) -> int:
     config = PIPELINES / ("ml-100k-download.yaml" if args.download else "demo.yaml")
     summary = run_pipeline(config, args.out, threads=args.threads)
     print(summary_table(summary))
-    bundle = load_bundle(args.out / "current")
+    bundle = load_bundle(args.out / CURRENT)
     history = [bundle.external(int(i)) for i in bundle.popular[:3]]
     body = json.dumps({"history": history, "k": 5})
     print(f"\ntry it:\n  curl -s http://{args.host}:{args.port}/recommend -H 'content-type: application/json' "
