@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from offline.cli.common import configure_logging
 from offline.data.derive import HELD_OUT, hold_out_items
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.data.sequences import Sequences
@@ -196,7 +197,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)
     args = parser().parse_args(argv)
     try:
         return int(args.handler(args))

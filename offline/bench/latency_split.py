@@ -38,6 +38,7 @@ from tqdm import tqdm
 from offline.bench.load import Call, open_loop
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.processes import SERVICE_APP, start_server_process
+from offline.cli.common import configure_logging
 from offline.tables import markdown_table
 from retriever.errors import SeqrecError
 from service.bundle import Bundle, load_bundle
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-code", type=Path, default=None, help="source tree the server runs from")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)
     report = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "split.json").write_text(json.dumps(report, indent=2))

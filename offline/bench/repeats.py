@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from offline.cli.common import LOG_FORMAT, configure_logging
 from offline.tables import markdown_table
 from retriever.repeats import resolve_repeats
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--prepared", type=Path, nargs="*", default=[], help="prepared folders to report shares of")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO, fmt="%(asctime)s " + LOG_FORMAT)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.config is not None:
         result = run_policies(args.config, args.work, args.threads)

@@ -45,6 +45,7 @@ from offline.bench.processes import (
     stop_process,
 )
 from offline.bench.sweeps import max_sustained_rate, report_table
+from offline.cli.common import configure_logging
 from offline.tables import markdown_table
 
 NGINX_CONF = Path(__file__).resolve().parents[2] / "docker" / "nginx.conf"
@@ -207,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)
 
     counts = [int(n) for n in args.replicas.split(",") if n.strip()]
     rates = sorted({float(r) for r in args.rates.split(",") if r.strip()})

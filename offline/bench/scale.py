@@ -40,6 +40,7 @@ from offline.bench.load import run_load
 from offline.bench.payloads import payloads_from_catalogue
 from offline.bench.processes import SERVICE_APP, rss_bytes, start_server_process
 from offline.bench.scale_report import CURVES, MB, TABLE_COPIES, refresh
+from offline.cli.common import configure_logging
 from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ def train_process(spec: dict[str, Any]) -> None:
     from retriever.model import Retriever
     from retriever.train import fit
 
-    logging.basicConfig(level=spec["log_level"], format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(spec["log_level"])
     config = load_config(Path(spec["config"]), spec["overrides"])
     n_items = int(spec["n_items"])
     max_len = config.max_len(n_items)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +13,7 @@ from retriever.errors import SeqrecError
 
 Handler = Callable[[argparse.Namespace], int]
 Subparsers = argparse._SubParsersAction
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -20,6 +23,16 @@ def common_parser() -> argparse.ArgumentParser:
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                         help="only warnings and errors on stderr")
     return common
+
+
+def configure_logging(level: int | str, *, debug: bool = False, fmt: str = LOG_FORMAT) -> None:
+    """Log to stderr at ``level``; faiss's loader lines only with ``debug``.
+
+    faiss logs each SIMD build it fails to load as a ModuleNotFoundError at INFO: noise that reads like a fault.
+    """
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
+    if not debug:
+        logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
 
 def set_threads(n: int | None) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeGuard
 
 from offline.cli.analyze import add_analyze_parser
-from offline.cli.common import Handler, Subparsers, common_parser
+from offline.cli.common import Handler, Subparsers, common_parser, configure_logging
 from offline.cli.data import add_prepare_parser
 from offline.cli.pipeline import add_demo_parser, add_pipeline_parser
 from offline.cli.rank import add_mine_parser, add_train_ranker_parser
@@ -81,9 +81,7 @@ def _run(argv: Sequence[str] | None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     debug = getattr(args, "debug", False)
     level = logging.DEBUG if debug else logging.WARNING if getattr(args, "quiet", False) else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    if not debug:  # faiss logs each SIMD build it fails to load as a ModuleNotFoundError: noise, not a fault
-        logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    configure_logging(level, debug=debug)
     handler: Handler = args.handler
     try:
         if getattr(args, "overrides", False):

@@ -70,6 +70,16 @@ def test_an_error_that_loads_faiss_is_still_one_line(tmp_path):
                                     "--artifacts)"
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_scripts_log_faiss_loader_lines_only_with_debug(debug):
+    # the bench scripts (python -m offline.bench.*) set up logging through configure_logging, as the CLI does
+    code = ("import logging; from offline.cli.common import configure_logging; "
+            f"configure_logging(logging.INFO, debug={debug}); import faiss; logging.getLogger('bench').info('ready')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "INFO bench: ready" in result.stderr
+    assert ("faiss.loader" in result.stderr) is debug
+
+
 def test_an_output_folder_that_cannot_be_made_is_one_line(write, tmp_path):
     blocker = write("a-file", "not a folder\n")
     config = write("pipeline.yaml", "name: p\ndata:\n  dataset: synthetic\n")
