@@ -142,6 +142,8 @@ def _table(bundle: Bundle, users: list[str], lists: list[list[tuple[int, float]]
 def run_batch(bundle: Bundle, data: PreparedDataset, rows: np.ndarray, job: BatchJob, out: Path, *,
               redis_url: str | None = None, redis_prefix: str = "seqrec:", ttl: int | None = None) -> dict[str, Any]:
     """Answer ``rows``' users, write ``out`` atomically (and Redis); returns a summary with users/s."""
+    if out.is_dir():  # checked before the work: the final rename would fail only after every user was answered
+        raise SeqrecError(f"{out}: a folder; --out names the Parquet file to write (e.g. {out / 'recs.parquet'})")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     client = _redis(redis_url) if redis_url else None

@@ -139,3 +139,17 @@ def test_bad_arguments_are_one_line_errors(tiny: tuple[Path, Path], tmp_path: Pa
     assert message in err[0]
     assert not out.exists()
     assert not list(tmp_path.glob(".recs.parquet.*"))  # no temporary file left behind
+
+
+def test_an_output_that_is_a_folder_is_one_line_naming_it(tiny: tuple[Path, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    data, bundle = tiny
+    folder = tmp_path / "lists"
+    folder.mkdir()
+    (folder / "kept.txt").write_text("a file already there\n")
+    assert seqrec(["recommend", "--artifact", str(bundle), "--data", str(data), "--out", str(folder), "--all"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"seqrec: error: {folder}: a folder; --out names the Parquet file to write "
+                   f"(e.g. {folder / 'recs.parquet'})"]
+    assert sorted(p.name for p in folder.iterdir()) == ["kept.txt"]
+    assert not list(tmp_path.glob(".lists.*"))  # no temporary file left behind
