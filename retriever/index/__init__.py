@@ -19,12 +19,13 @@ public interface, importable from ``retriever.index``.
 
 from retriever.index.build import build_index, normalize, save_index
 from retriever.index.device import gpu_available, gpu_cloner_options, load_index, set_search_params
-from retriever.index.spec import IndexKind, IndexSpec, spec_for_catalogue
+from retriever.index.spec import IndexKind, IndexSpec, IndexSpecError, spec_for_catalogue
 from retriever.index.topk import search
 
 __all__ = [
     "IndexKind",
     "IndexSpec",
+    "IndexSpecError",
     "build_index",
     "gpu_available",
     "gpu_cloner_options",

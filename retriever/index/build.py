@@ -14,7 +14,7 @@ import faiss
 import numpy as np
 
 from retriever.index.device import is_gpu_index, set_search_params
-from retriever.index.spec import IndexSpec
+from retriever.index.spec import IndexSpec, IndexSpecError
 
 logger = logging.getLogger(__name__)
 
@@ -81,15 +81,16 @@ def _train_ivf(x: np.ndarray, spec: IndexSpec, seed: int) -> faiss.Index:
     n, d = x.shape
     nlist = spec.nlist if spec.nlist is not None else _default_nlist(n)
     if nlist > n:
-        raise ValueError(f"nlist={nlist} needs at least as many training vectors, got {n}")
+        raise IndexSpecError(f"nlist={nlist} needs at least as many training vectors, got {n}")
     if spec.pq_m is None:
         factory = f"IVF{nlist},Flat"
     else:
         if d % spec.pq_m:
-            raise ValueError(f"pq_m={spec.pq_m} must divide the vector dimension d={d}")
+            raise IndexSpecError(f"pq_m={spec.pq_m} must divide the vector dimension d={d}")
         codebook = 2**_PQ_BITS
         if n < codebook:
-            raise ValueError(f"IVF-PQ with {_PQ_BITS}-bit codes needs at least {codebook} vectors to train, got {n}")
+            raise IndexSpecError(
+                f"IVF-PQ with {_PQ_BITS}-bit codes needs at least {codebook} vectors to train, got {n}")
         factory = f"IVF{nlist},PQ{spec.pq_m}x{_PQ_BITS}"
     # index_factory (rather than constructors) makes the IVF own its coarse quantizer, so no Python
     # reference has to be kept alive alongside it.

@@ -6,11 +6,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, get_args
 
+from retriever.errors import RetrieverError
+
 IndexKind = Literal["flat", "hnsw", "ivf"]
 _KINDS: tuple[str, ...] = get_args(IndexKind)
 
 # Above this many items exact search stops being "a few ms per batch" on CPU (see spec_for_catalogue).
 _FLAT_MAX_ITEMS = 200_000
+
+
+class IndexSpecError(RetrieverError):
+    """An index setting that cannot be built or searched (a bad option, or one the catalogue cannot support)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class IndexSpec:
     def __post_init__(self) -> None:
         # Specs arrive from JSON/YAML configs, so the annotations alone guarantee nothing at runtime.
         if self.kind not in _KINDS:
-            raise ValueError(f"unknown index kind {self.kind!r}; expected one of {', '.join(_KINDS)}")
+            raise IndexSpecError(f"unknown index kind {self.kind!r}; expected one of {', '.join(_KINDS)}")
         minimum = {"hnsw_m": 2, "ef_construction": 1, "ef_search": 1, "nprobe": 1, "nlist": 1, "pq_m": 1}
         optional = {"nlist", "pq_m"}
         for name, low in minimum.items():
@@ -48,11 +54,11 @@ class IndexSpec:
                 continue
             # bool is an int subclass; True as a list count is a config mistake, not 1.
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"IndexSpec.{name} must be an int, got {value!r}")
+                raise IndexSpecError(f"index option {name} must be an int, got {value!r}")
             if value < low:
-                raise ValueError(f"IndexSpec.{name} must be >= {low}, got {value}")
+                raise IndexSpecError(f"index option {name} must be >= {low}, got {value}")
         if not isinstance(self.gpu_shard, bool):
-            raise ValueError(f"IndexSpec.gpu_shard must be true or false, got {self.gpu_shard!r}")
+            raise IndexSpecError(f"index option gpu_shard must be true or false, got {self.gpu_shard!r}")
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -63,7 +69,7 @@ class IndexSpec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(key) for key in set(d) - known)
         if unknown:
-            raise ValueError(f"unknown IndexSpec keys: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise IndexSpecError(f"unknown index options: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         # Any: value types are checked by __post_init__, which gives a better message than a TypeError.
         kwargs: dict[str, Any] = dict(d)
         return cls(**kwargs)
@@ -82,7 +88,7 @@ def spec_for_catalogue(n_items: int) -> IndexSpec:
     the vectors: `seqrec bench index --artifact A` measures it on a bundle's own item vectors.
     """
     if n_items < 0:
-        raise ValueError(f"n_items must be >= 0, got {n_items}")
+        raise IndexSpecError(f"n_items must be >= 0, got {n_items}")
     if n_items <= _FLAT_MAX_ITEMS:
         return IndexSpec(kind="flat")
     return IndexSpec(kind="hnsw", hnsw_m=32, ef_construction=128, ef_search=256)

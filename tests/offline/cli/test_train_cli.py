@@ -89,6 +89,28 @@ def test_export_auto_and_gpu_shard_are_recorded(artifact: Path, tmp_path: Path, 
     assert "no readable manifest.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    (["--index", "hnsw", "--hnsw-m", "0"], "index option hnsw_m must be >= 2, got 0"),
+    (["--index", "ivf", "--nprobe", "0"], "index option nprobe must be >= 1, got 0"),
+    (["--index", "ivf", "--nlist", "1000"], "nlist=1000 needs at least as many training vectors"),
+    (["--index", "ivf", "--nlist", "4", "--pq-m", "5"], "pq_m=5 must divide the vector dimension d=16"),
+])
+def test_export_options_the_catalogue_cannot_take_are_one_line(artifact: Path, tmp_path: Path, options: list[str],
+                                                               message: str, capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    before = {name: (copy / name).read_bytes() for name in ("manifest.json", "items.faiss")}
+    capsys.readouterr()
+    assert main(["export", "--artifact", str(copy), *options]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("seqrec: error: ")
+    assert message in err[0]
+    assert {name: (copy / name).read_bytes() for name in before} == before  # the artifact is untouched
+
+
 def test_training_refuses_to_overwrite_and_reports_bad_config(artifact: Path, prepared: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture) -> None:
     capsys.readouterr()
