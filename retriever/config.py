@@ -114,7 +114,10 @@ class RunConfig(BaseModel):
 
     def build(self, n_items: int) -> Retriever:
         name = self.model.backbone
-        encoder = build_encoder(name, self.backbone(n_items))
+        try:  # the modules check how their options combine (d_model over n_heads, ...)
+            encoder = build_encoder(name, self.backbone(n_items))
+        except ValueError as err:
+            raise ConfigError(f"model: {err}") from None
         return Retriever(encoder, temperature=self.model.temperature, similarity=self.model.similarity)
 
     def max_len(self, n_items: int) -> int:

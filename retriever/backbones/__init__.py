@@ -40,6 +40,10 @@ BACKBONES: dict[str, tuple[type, type[SequenceEncoder]]] = {
 }
 
 
+# Sizes every backbone that has them needs to be positive (hidden_size: the recurrent ones, None = d_model).
+_SIZES = frozenset({"d_model", "n_layers", "n_heads", "max_len", "hidden_size"})
+
+
 def backbone_config(name: str, n_items: int, params: Mapping[str, Any]) -> Any:
     """The backbone's typed config from a plain mapping; unknown or missing keys are a ValueError."""
     if name not in BACKBONES:
@@ -51,7 +55,12 @@ def backbone_config(name: str, n_items: int, params: Mapping[str, Any]) -> Any:
         raise ValueError(
             f"unknown option(s) for backbone {name!r}: {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
-    return config_cls(n_items=n_items, **params)
+    config = config_cls(n_items=n_items, **params)
+    for size in _SIZES & known:  # a size below 1 would fail later as a tensor error or an empty training set
+        value = getattr(config, size)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"{size} must be >= 1, got {value}")
+    return config
 
 
 def build_encoder(name: str, config: Any) -> SequenceEncoder:

@@ -60,11 +60,27 @@ def test_bad_cli_overrides(overrides: list[str], message: str) -> None:
         ({"model": {"backbone": "nope"}}, "unknown backbone"),
         ({"model": {"d_modle": 8}}, "d_modle"),
         ({"loss": {"name": "hinge"}}, "loss.name"),
+        ({"model": {"d_model": -5}}, "model: d_model must be >= 1, got -5"),
+        ({"model": {"max_len": 0}}, "model: max_len must be >= 1, got 0"),
+        ({"model": {"backbone": "sasrec", "n_layers": 0}}, "model: n_layers must be >= 1, got 0"),
+        ({"model": {"backbone": "gru4rec", "hidden_size": 0}}, "model: hidden_size must be >= 1, got 0"),
     ],
 )
 def test_bad_configs_name_the_key(raw: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config_from_dict(raw)
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ({"backbone": "transformer", "d_model": 64, "n_heads": 3}, "model: d_model 64 is not divisible by n_heads 3"),
+    ({"backbone": "sasrec", "d_model": 64, "n_heads": 3}, "model: d_model 64 is not divisible by n_heads 3"),
+    ({"backbone": "trm4rec", "n_steps": 0}, "model: n_steps and n_blocks must be >= 1"),
+    ({"backbone": "xlstm", "n_heads": 3}, "is not divisible by n_heads 3"),
+])
+def test_options_a_module_cannot_combine_are_config_errors_when_it_is_built(model: dict, message: str) -> None:
+    config = config_from_dict({"model": model})
+    with pytest.raises(ConfigError, match=message):
+        config.build(n_items=10)
 
 
 @pytest.mark.parametrize(("requested", "valid_share", "policy"), [

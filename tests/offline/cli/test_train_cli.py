@@ -135,6 +135,20 @@ def test_training_refuses_to_overwrite_and_reports_bad_config(artifact: Path, pr
     assert "not valid YAML" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["--model.n_heads", "3"], "seqrec: error: model: d_model 16 is not divisible by n_heads 3"),
+    (["--model.d_model", "-5"], "seqrec: error: model: d_model must be >= 1, got -5"),
+    (["--model.max_len", "0"], "seqrec: error: model: max_len must be >= 1, got 0"),
+])
+def test_model_options_that_cannot_build_a_model_are_one_line(prepared: Path, tmp_path: Path, overrides: list[str],
+                                                              message: str, capsys: pytest.CaptureFixture) -> None:
+    # each was an internal error (ValueError, RuntimeError) or a misleading "no training sequence" before
+    capsys.readouterr()
+    assert main(["train", "--data", str(prepared), "--out", str(tmp_path / "x"), *TINY, *overrides, "-q"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+    assert not (tmp_path / "x").exists()
+
+
 def test_evaluate_refuses_an_artifact_from_another_catalogue(artifact: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture) -> None:
     other = tmp_path / "other"
