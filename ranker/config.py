@@ -8,10 +8,13 @@ and training defaults. Nothing here imports torch, so the CLI can build its pars
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from retriever.errors import SeqrecError
 
 RankerKind = Literal["auto", "mlp", "lgbm", "none"]
 Mining = Literal["holdout", "direct"]
@@ -36,7 +39,7 @@ class RankerConfig(BaseModel):
     kind: RankerKind = "auto"
     mining: Mining = "holdout"
     depth: int = 100  # candidates per group (N)
-    per_user: int = 3  # training targets per user (the most recent ones) with direct mining
+    per_user: int = Field(3, ge=1)  # training targets per user (the most recent ones) with direct mining
     # With holdout mining: each user's last this many training items are what the holdout retriever never
     # sees and the ranker's training targets (at least 2: the holdout retriever early-stops on the first of them)
     holdout_per_user: int = Field(HOLDOUT_PER_USER, ge=2)
@@ -58,11 +61,10 @@ class RankerConfig(BaseModel):
 
 
 class RankerSection(RankerConfig):
-    """The pipeline config's ``ranker:`` section: a `RankerConfig` whose numbers a config file
-    must keep in range (the CLI leaves the range to `offline.jobs.rank.mine_splits`)."""
+    """The pipeline config's ``ranker:`` section: a `RankerConfig` whose depth a config file must keep in
+    range (the CLI leaves the depth's range to `offline.jobs.rank.mine_splits`)."""
 
     depth: int = Field(RankerConfig.model_fields["depth"].default, ge=MIN_DEPTH, le=MAX_DEPTH)
-    per_user: int = Field(RankerConfig.model_fields["per_user"].default, ge=1)
 
     @field_validator("features")
     @classmethod
@@ -94,6 +96,29 @@ class MLPConfig:
     seed: int = 42
     extra_features: tuple[str, ...] = ()  # `ranker.extras` columns read after the base dense features
     members: int = 1  # networks trained from seeds seed, seed + 1, ... and scored by their mean logit
+
+    def __post_init__(self) -> None:
+        check_mlp_training({"id_dropout": self.id_dropout, "dropout": self.dropout, "lr": self.lr,
+                            "weight_decay": self.weight_decay, "batch_size": self.batch_size, "epochs": self.epochs,
+                            "patience": self.patience, "members": self.members})
+
+
+_MLP_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "id_dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    "dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+    "lr": (lambda v: v >= 0, ">= 0"),  # 0 trains nothing (a frozen control), as torch allows
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    **{name: (lambda v: v >= 1, ">= 1") for name in ("batch_size", "epochs", "patience", "members")},
+}
+
+
+def check_mlp_training(options: Mapping[str, float], label: Callable[[str], str] = str) -> None:
+    """MLP ranker training options that cannot train a network: one `SeqrecError` naming the first, as ``label``
+    spells it (the CLI checks its flags with it before mining; `MLPConfig` checks whatever builds one)."""
+    for name, value in options.items():
+        ok, wanted = _MLP_RULES[name]
+        if not ok(value):
+            raise SeqrecError(f"{label(name)} must be {wanted}, got {value}")
 
 
 def ranker_default(name: str) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from offline.cli.common import Subparsers, parse_names, print_json, set_threads
-from ranker.config import MINING, TRAINABLE_KINDS, RankerConfig, mlp_default, ranker_default
+from ranker.config import MINING, TRAINABLE_KINDS, RankerConfig, check_mlp_training, mlp_default, ranker_default
 from retriever.errors import SeqrecError, validation_message
 
 
@@ -122,8 +122,9 @@ def _train_ranker(args: argparse.Namespace) -> int:
     from offline.jobs.rank import train_ranker
 
     set_threads(args.threads)
-    if not 0.0 <= args.id_dropout < 1.0:
-        raise SeqrecError(f"--id-dropout must be in [0, 1), got {args.id_dropout}")
+    mlp = {"loss": args.loss, "id_dropout": args.id_dropout, "epochs": args.epochs, "lr": args.lr, "seed": args.seed}
+    check_mlp_training({name: mlp[name] for name in ("id_dropout", "epochs", "lr")},  # now, not after mining
+                       label=lambda name: "--" + name.replace("_", "-"))
     try:
         config = RankerConfig(kind=args.kind, mining=args.mining, depth=args.depth, per_user=args.per_user,
                               holdout_per_user=args.holdout_per_user, sources=args.sources,
@@ -131,7 +132,6 @@ def _train_ranker(args: argparse.Namespace) -> int:
     except ValidationError as err:
         raise SeqrecError(validation_message(err)) from None
     data = load_prepared(args.data)
-    mlp = {"loss": args.loss, "id_dropout": args.id_dropout, "epochs": args.epochs, "lr": args.lr, "seed": args.seed}
     manifest = train_ranker(args.artifact, data, config, mined_dir=args.mined, mlp=mlp, lgbm={"seed": args.seed})
     summary = {"artifact": str(args.artifact), "kind": manifest.kind, "selection": manifest.selection,
                "mining": manifest.mining, "training_seconds": (manifest.training or {})["seconds"],

@@ -6,6 +6,7 @@ from pydantic import ValidationError
 from offline.cli import build_parser
 from offline.jobs.pipeline import PipelineConfig
 from ranker.config import MLPConfig, RankerConfig, RankerSection
+from retriever.errors import SeqrecError
 
 
 def _defaults(command: str) -> dict[str, object]:
@@ -45,3 +46,17 @@ def test_a_pipeline_config_is_held_to_the_bounds_the_cli_leaves_to_mining() -> N
             RankerSection.model_validate(bad)
     assert RankerConfig(depth=5000).depth == 5000  # the CLI's --depth has no ceiling; mining checks the floor
     assert RankerConfig(mining="direct").holdout is False
+    with pytest.raises(ValidationError, match="per_user"):  # no group to train on: an error, not an empty concat
+        RankerConfig(per_user=0)
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ({"epochs": 0}, "epochs must be >= 1, got 0"),  # an AssertionError after mining before
+    ({"lr": -1.0}, "lr must be >= 0, got -1.0"),  # torch's "Invalid learning rate" before
+    ({"id_dropout": 1.0}, r"id_dropout must be in \[0, 1\), got 1.0"),
+    ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
+    ({"members": 0}, "members must be >= 1, got 0"),
+])
+def test_mlp_options_that_cannot_train_a_network_are_seqrec_errors(option: dict, message: str) -> None:
+    with pytest.raises(SeqrecError, match=message):
+        MLPConfig(n_items=1, n_meta=1, n_year_buckets=1, dim=1, **option)

@@ -254,6 +254,15 @@ def test_cli_errors_are_one_line(bundle: Path, prepared: Path, tmp_path: Path, c
     assert "--id-dropout" in capsys.readouterr().err
     assert main(["train-ranker", "--artifact", str(bundle), "--data", str(prepared), "--members", "0"]) == 1
     assert "members" in capsys.readouterr().err
+    for flags, message in ((["--epochs", "0"], "--epochs must be >= 1, got 0"), (["--lr", "-1"], "--lr must be >= 0")):
+        assert main(["train-ranker", "--artifact", str(bundle), "--data", str(prepared), *flags]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert err[0].startswith(f"seqrec: error: {message}")
+    assert main(["mine", "--artifact", str(bundle), "--data", str(prepared), "--out", str(tmp_path / "m0"),
+                 "--per-user", "0"]) == 1
+    assert "per_user" in capsys.readouterr().err
+    assert not (tmp_path / "m0").exists()
     for command in ("train-ranker", "mine"):
         assert main([command, "--artifact", str(bundle), "--data", str(prepared), "--holdout-per-user", "1",
                      *(["--out", str(tmp_path / "m1")] if command == "mine" else [])]) == 1
