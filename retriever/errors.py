@@ -20,6 +20,8 @@ def validation_message(err: ValidationError, *, prefix: str = "", upper: bool = 
     locations upper-cased with ``upper``, as environment variable names are)."""
     problems = []
     for error in err.errors():
+        if error["type"] == "default_factory_not_called":  # a consequence of another error, listed beside it
+            continue
         where = ".".join(str(part) for part in error["loc"])
         problems.append(f"{prefix}{where.upper() if upper else where}: {error['msg']}")
     return "; ".join(problems)

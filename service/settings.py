@@ -15,13 +15,16 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Items remembered per user for `exclude_seen`. Above every user's count of distinct items in our datasets
 # (the longest: 737 in MovieLens-100K, 204 in Amazon Beauty), so no user of theirs reaches it; a user who does
 # is most likely a crawler. The cap bounds what one such user can make the store hold.
 DEFAULT_SEEN_CAP = 10_000
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url accepts
 
 
 def default_workers(redis_url: str | None) -> int:
@@ -64,6 +67,14 @@ class Settings(BaseSettings):
     reload_poll_s: float | None = Field(None, ge=0, le=3600, description="seconds between each worker's checks "
                                         "of `current` (0 = never); default: 2 with several workers, else 0")
     log_level: str = "info"
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, url: str | None) -> str | None:
+        # redis-py's own check only runs when the store connects, inside each worker's start-up
+        if url and not url.startswith(REDIS_SCHEMES):
+            raise ValueError(f"{url!r} is not a Redis URL: it must start with {', '.join(REDIS_SCHEMES)}")
+        return url
 
     def reload_poll(self) -> float:
         return (2.0 if self.workers > 1 else 0.0) if self.reload_poll_s is None else self.reload_poll_s

@@ -6,11 +6,16 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from offline.cli.common import Subparsers
 from retriever.errors import SeqrecError, validation_message
 
+if TYPE_CHECKING:
+    import uvicorn
+
 log = logging.getLogger("seqrec")
+WORKER_APP = "service.app:create_app"  # each worker process builds its app from SEQREC_* variables
 
 
 def add_serve_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -47,19 +52,32 @@ def _serve(args: argparse.Namespace) -> int:
         settings = Settings(**given)  # options override SEQREC_* variables
     except ValidationError as err:
         raise SeqrecError("invalid settings: " + validation_message(err, prefix="SEQREC_", upper=True)) from None
-    try:
+    try:  # refuse a bad bundle before binding; with several workers each loads its own, so this one is dropped
         path = resolve_bundle(settings.artifacts)
-        bundle = (load_served(path, inference=settings.inference, threads=settings.threads)
-                  if settings.workers == 1 else None)  # refuse a bad bundle before binding
+        bundle = load_served(path, inference=settings.inference, threads=settings.threads)
     except BundleError as err:
         raise SeqrecError(str(err)) from None
     log.info("serving %s on http://%s:%d (docs at /docs)", path, settings.host, settings.port)
     if settings.workers == 1:
         uvicorn.run(create_app(settings, bundle=bundle), host=settings.host, port=settings.port,
                     log_level=settings.log_level)
-    else:
-        for name, value in given.items():  # worker processes read their settings from the environment
-            os.environ[f"SEQREC_{name.upper()}"] = str(value)
-        uvicorn.run("service.app:create_app", factory=True, workers=settings.workers, host=settings.host,
-                    port=settings.port, log_level=settings.log_level)
+        return 0
+    del bundle
+    for name, value in given.items():  # worker processes read their settings from the environment
+        os.environ[f"SEQREC_{name.upper()}"] = str(value)
+    run_workers(uvicorn.Config(WORKER_APP, factory=True, workers=settings.workers, host=settings.host,
+                               port=settings.port, log_level=settings.log_level))
     return 0
+
+
+def run_workers(config: uvicorn.Config) -> None:
+    """uvicorn's multi-process supervisor, as `uvicorn.run` starts it, but a worker that fails to start is an
+    error: uvicorn stops the other workers and then returns normally, so the command would exit 0 although
+    nothing serves, which a process supervisor reads as a clean stop."""
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    if any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes):
+        raise SeqrecError("a worker failed to start (its error is logged above); nothing is serving")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,46 @@ def test_serve_refuses_a_corrupt_bundle(bundle: Path, tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     assert "retriever.pt" in err
     assert "checksum" in err
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_refuses_a_corrupt_bundle_with_any_number_of_workers(bundle: Path, tmp_path: Path, workers: str,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    # with several workers each loaded the bundle itself: every one failed to start, and the command exited 0
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle, broken)
+    (broken / "items.faiss").write_bytes(b"not an index")
+    assert main(["serve", "--artifacts", str(broken), "--workers", workers]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"seqrec: error: {broken / 'items.faiss'}: checksum does not match the manifest (changed, truncated or "
+        "corrupt)"]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--redis-url", "localhost:6379"], "SEQREC_REDIS_URL: Value error, 'localhost:6379' is not a Redis URL: it "
+                                        "must start with redis://, rediss://, unix://"),
+    (["--port", "70000"], "SEQREC_PORT: Input should be less than or equal to 65535"),
+])
+def test_serve_names_an_invalid_setting_alone(bundle: Path, options: list[str], message: str,
+                                              capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a bad Redis URL was a traceback in each worker and exit 0; a bad port also listed SEQREC_WORKERS, whose
+    # default depends on the other settings
+    monkeypatch.delenv("SEQREC_WORKERS", raising=False)
+    monkeypatch.delenv("SEQREC_REDIS_URL", raising=False)
+    assert main(["serve", "--artifacts", str(bundle), *options]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"seqrec: error: invalid settings: {message}"]
+
+
+def test_a_worker_that_fails_to_start_is_an_error() -> None:
+    # uvicorn's supervisor stops the other workers and returns normally: exit 0 while nothing serves
+    code = ("import uvicorn; from offline.cli.serve import run_workers; from retriever.errors import SeqrecError\n"
+            "try:\n    run_workers(uvicorn.Config('tests.service.failing_app:create_app', factory=True, workers=2, "
+            "port=0))\nexcept SeqrecError as err:\n    raise SystemExit(f'error: {err}')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "this worker cannot start" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == ("error: a worker failed to start (its error is logged above); "
+                                                      "nothing is serving")
 
 
 def test_serve_names_an_invalid_setting(bundle: Path, capsys: pytest.CaptureFixture,
