@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from retriever.errors import SeqrecError
+
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp)`` on a temp file beside ``path``, then rename it over ``path``."""
@@ -54,3 +56,15 @@ def replace_dir(staging: Path, out: Path) -> None:
     os.replace(out, retired / out.name)
     os.replace(staging, out)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+def check_replaceable(out: Path, ours: Callable[[Path], bool], what: str) -> None:
+    """Refuse a ``replace_dir`` target that is a file, or a folder holding files that ``ours`` does not
+    recognise as an earlier output of the same command (a dataset, a bundle: a typo must not delete them)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise SeqrecError(f"{out}: a file, where {what} is to be written")
+    if any(out.iterdir()) and not ours(out):
+        raise SeqrecError(f"{out}: holds files that are not {what}, and the output replaces the folder as a "
+                          "whole; choose a new or empty folder")

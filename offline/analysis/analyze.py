@@ -30,7 +30,7 @@ import torch
 from offline.data.prepared import PreparedDataset
 from offline.evaluation.breakdown import breakdown, model_ranks, training_counts
 from retriever.artifact import RetrieverArtifact, load_artifact
-from retriever.atomic import replace_dir
+from retriever.atomic import check_replaceable, replace_dir
 from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -200,6 +200,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     from offline.data.prepared import load_prepared
 
     options = check_options(args)
+    check_replaceable(args.out, lambda folder: (folder / "report.json").is_file(), "a seqrec analyze report")
     data = load_prepared(args.data)
     if options.k >= data.n_items:
         raise SeqrecError(f"--k must be below the number of items ({data.n_items})")

@@ -22,11 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from offline.data.prepared import FORMAT, ITEMS, MANIFEST, SEQUENCES, USERS, sha256_file
+from offline.data.prepared import FORMAT, ITEMS, MANIFEST, SEQUENCES, USERS, read_manifest, sha256_file
 from offline.data.readers.base import RawDataset, natural_key
 from offline.data.sequences import Sequences
 from offline.data.split import MIN_LENGTH, leave_one_out, repeat_shares
-from retriever.atomic import replace_dir
+from retriever.atomic import check_replaceable, replace_dir
 from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ def prepare(
     out = Path(out)
     if out.exists() and not overwrite:
         raise SeqrecError(f"{out} already exists; pass --overwrite to replace it")
+    check_replaceable(out, _is_prepared, "a prepared dataset")
     table = _apply_rating_filter(raw, filters.min_rating)
     encoded = _encode_sorted(table)
     encoded = _filter(encoded, filters)
@@ -204,6 +205,14 @@ def _with_metadata(keys: pa.Table, metadata: pa.Table | None, key: str, source: 
     for name in joined.column_names:
         keys = keys.append_column(name, joined.column(name))
     return keys
+
+
+def _is_prepared(folder: Path) -> bool:
+    try:
+        read_manifest(folder)
+    except SeqrecError:
+        return False
+    return True
 
 
 def _write_atomically(out: Path, tables: dict[str, pa.Table | None], manifest: dict[str, Any]) -> None:

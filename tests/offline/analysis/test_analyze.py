@@ -150,6 +150,10 @@ def test_mistakes_exit_1_and_keep_the_previous_report(setup: dict[str, Path], tm
                  "-q"]) == 1
     assert "different item catalogue" in capsys.readouterr().err
     assert (report / "report.json").read_bytes() == before
+    # the report replaces --out as a whole: a folder that is not a report (here a prepared dataset) is refused
+    assert main([*base[:-1], str(other), "-q"]) == 1
+    assert f"{other}: holds files that are not a seqrec analyze report" in capsys.readouterr().err
+    assert load_prepared(other).n_items == 30
     none = tmp_path / "no-users"
     assert main([*base[:-1], str(none), "--users", "0", "--tsne-items", "20", "-q"]) == 0  # no predictions section
     assert json.loads((none / "report.json").read_text())["predictions"] == []

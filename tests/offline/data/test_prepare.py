@@ -101,6 +101,23 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(write, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_overwrite_replaces_only_a_prepared_dataset(write, tmp_path):
+    # --overwrite replaces the folder as a whole: a typo naming some other folder must not delete it
+    other = tmp_path / "prepared"
+    other.mkdir()
+    (other / "notes.txt").write_text("someone's files")
+    with pytest.raises(SeqrecError, match="holds files that are not a prepared dataset"):
+        _prepare(write, tmp_path, overwrite=True)
+    assert (other / "notes.txt").read_text() == "someone's files"
+    other.rename(tmp_path / "moved")
+    (tmp_path / "prepared").write_text("a file")
+    with pytest.raises(SeqrecError, match="a file, where a prepared dataset is to be written"):
+        _prepare(write, tmp_path, overwrite=True)
+    (tmp_path / "prepared").unlink()
+    (tmp_path / "prepared").mkdir()  # an empty folder is taken
+    _prepare(write, tmp_path, overwrite=True)
+
+
 def test_min_user_interactions_below_three_is_refused():
     with pytest.raises(SeqrecError, match=">= 3"):
         Filters(min_user_interactions=2)
