@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import time
@@ -24,9 +25,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from tqdm import tqdm
 
+from offline.data.readers import READERS
 from offline.jobs.versions import VERSIONS, prune_versions, switch_current
 from offline.tables import markdown_table
 from offline.tune.section import TuneSection, keep_report
@@ -55,6 +57,13 @@ class DataSpec(_Strict):
     synthetic: dict[str, Any] = Field(default_factory=dict, description="n_users, n_items, mean_length, seed")
     reader: dict[str, Any] = Field(default_factory=dict, description="csv options: user_col, item_col, ...")
 
+    @field_validator("dataset")
+    @classmethod
+    def _known_reader(cls, name: str) -> str:  # at load, not at the prepare stage
+        if name not in READERS:
+            raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(READERS)}")
+        return name
+
 
 class PipelineConfig(_Strict):
     name: str = Field(description="names the published versions")
@@ -69,6 +78,14 @@ class PipelineConfig(_Strict):
     warm_start: bool = Field(False, description="train from the served bundle's weights (`seqrec train --init-from`)")
     warm_start_overrides: dict[str, Any] = Field(default_factory=dict,
                                                  description="section.key: value added when warm-starting")
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, name: str) -> str:  # it names the run's work folder: no separators, no `..`
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ValueError(f"{name!r} names folders: use letters, digits, '.', '_' and '-', starting with a "
+                             "letter or digit")
+        return name
 
 
 def load_pipeline_config(path: Path) -> PipelineConfig:

@@ -90,6 +90,6 @@ def read_dataset(name: str, options: ReaderOptions) -> RawDataset:
     try:
         reader = READERS[name]
     except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(READERS)}") from None
+        raise SeqrecError(f"unknown dataset {name!r}; choose from {', '.join(READERS)}") from None
     raw = reader(options)
     return drop_duplicate_interactions(raw) if raw.files else raw

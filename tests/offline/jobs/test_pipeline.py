@@ -134,6 +134,24 @@ def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.Capt
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    # an unknown reader was an internal error (ValueError) at the prepare stage
+    ({"data": {"dataset": "nope"}}, "data.dataset: Value error, unknown dataset 'nope'; choose from ml-100k"),
+    # the name names the run's work folder: "../x" put it outside ARTIFACTS/work
+    ({"name": "../../x"}, "name: Value error, '../../x' names folders: use letters, digits"),
+    ({"name": "a/b"}, "name: Value error, 'a/b' names folders"),
+])
+def test_a_pipeline_config_is_refused_before_any_folder_is_made(tmp_path: Path, change: dict, message: str,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"name": "x", "data": {"dataset": "synthetic"}, **change}))
+    assert main(["pipeline", "--config", str(config), "--out", str(tmp_path / "a" / "artifacts")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"seqrec: error: {config}: {message}")
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_pipeline_with_extra_ranker_features_publishes_a_bundle_that_serves_them(tmp_path: Path) -> None:
     # As configs/pipeline/beauty.yaml asks; `auto` trains the MLP with them too (its ONNX export once failed).
     from service.bundle import load_bundle
