@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from retriever.atomic import atomic_torch_save, atomic_write, sha256_file, write_jsonl
 from retriever.compiled import ENCODER_FILE, OPSET, write_encoder
 from retriever.config import RunConfig, config_from_dict
-from retriever.errors import RetrieverError, validation_message
+from retriever.errors import RetrieverError, validation_message, wrong_manifest
 from retriever.index import IndexSpec, build_index, load_index, normalize, save_index
 from retriever.manifest import FORMAT, RetrieverManifest
 from retriever.model import Retriever
@@ -256,7 +256,7 @@ def read_manifest(path: Path) -> RetrieverManifest:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ArtifactError(path / MANIFEST, f"not valid JSON: {err}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(path / MANIFEST, f"not a {FORMAT} manifest")
+        raise ArtifactError(path / MANIFEST, wrong_manifest(FORMAT, manifest))
     try:
         return RetrieverManifest.model_validate(manifest)
     except ValidationError as err:

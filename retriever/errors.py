@@ -25,3 +25,17 @@ def validation_message(err: ValidationError, *, prefix: str = "", upper: bool = 
         where = ".".join(str(part) for part in error["loc"])
         problems.append(f"{prefix}{where.upper() if upper else where}: {error['msg']}")
     return "; ".join(problems)
+
+
+# The folders seqrec writes with a manifest.json, by the manifest's format (before the version), for messages about
+# a folder given where another kind is needed.
+FOLDER_KINDS = {"seqrec.prepared": "a prepared dataset written by `seqrec prepare`",
+                "seqrec.retriever": "a retriever artifact or bundle written by `seqrec train` or `seqrec pipeline`",
+                "seqrec.ranker": "a ranker, the ranker/ folder of a bundle"}
+
+
+def wrong_manifest(expected: str, manifest: object) -> str:
+    """``not a EXPECTED manifest``, saying what the folder is when its manifest is another seqrec format."""
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    kind = FOLDER_KINDS.get(found.split("/")[0]) if isinstance(found, str) else None
+    return f"not a {expected} manifest" + (f" (it is {found}: {kind})" if kind else "")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
 from offline.cli.common import Subparsers, parse_ks, print_json
-from retriever.errors import SeqrecError
+from retriever.errors import FOLDER_KINDS, SeqrecError
 from retriever.repeats import REPEATS
 
 
@@ -58,7 +59,7 @@ def _train(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={getattr(args, flag)}")
     config = load_config(args.config, overrides)
     if (args.out / "manifest.json").exists() and not args.resume:
-        raise SeqrecError(f"{args.out} already holds an artifact; choose a new --out")
+        raise SeqrecError(f"{args.out} already holds {_what_is_there(args.out)}; choose a new --out")
     if (args.out / "run" / "last.pt").exists() and not args.resume:
         raise SeqrecError(f"{args.out} holds an unfinished run; add --resume to continue it, or choose a new --out")
     data = load_prepared(args.data)
@@ -176,3 +177,12 @@ def _evaluate(args: argparse.Namespace) -> int:
               "repeats": repeats, "repeat_targets": data.repeat_shares, **metrics}
     print_json(result)
     return 0
+
+
+def _what_is_there(folder: Path) -> str:
+    """What FOLDER/manifest.json says the folder is (an artifact, or a prepared dataset given as --out by mistake)."""
+    try:
+        found = json.loads((folder / "manifest.json").read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        found = None
+    return FOLDER_KINDS.get(found.split("/")[0], "a manifest.json") if isinstance(found, str) else "a manifest.json"

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from offline.data.errors import DataError
 from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut, leave_one_out, repeat_shares
+from retriever.errors import wrong_manifest
 
 FORMAT = "seqrec.prepared/1"
 MANIFEST = "manifest.json"
@@ -108,7 +109,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(manifest_path, f"not valid JSON: {err}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise DataError(manifest_path, f"not a {FORMAT} manifest")
+        raise DataError(manifest_path, wrong_manifest(FORMAT, manifest))
     return manifest
 
 

@@ -115,7 +115,17 @@ def test_training_refuses_to_overwrite_and_reports_bad_config(artifact: Path, pr
                                                               capsys: pytest.CaptureFixture) -> None:
     capsys.readouterr()
     assert main(["train", "--data", str(prepared), "--out", str(artifact)]) == 1
-    assert "already holds an artifact" in capsys.readouterr().err
+    assert "already holds a retriever artifact or bundle" in capsys.readouterr().err
+    # a folder given in the wrong place is named for what it is ("already holds an artifact" before)
+    assert main(["train", "--data", str(prepared), "--out", str(prepared)]) == 1
+    assert capsys.readouterr().err.strip() == (f"seqrec: error: {prepared} already holds a prepared dataset written "
+                                               "by `seqrec prepare`; choose a new --out")
+    assert main(["evaluate", "--artifact", str(prepared), "--data", str(prepared)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"seqrec: error: {prepared / 'manifest.json'}: not a seqrec.retriever/1 manifest (it is seqrec.prepared/1: a "
+        "prepared dataset written by `seqrec prepare`)")
+    assert main(["evaluate", "--artifact", str(artifact), "--data", str(artifact)]) == 1
+    assert "not a seqrec.prepared/1 manifest (it is seqrec.retriever/1: a retriever artifact" in capsys.readouterr().err
     unfinished = tmp_path / "unfinished"
     (unfinished / "run").mkdir(parents=True)
     (unfinished / "run" / "last.pt").write_bytes(b"")
