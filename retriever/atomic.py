@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from retriever.errors import SeqrecError
+from retriever.errors import FOLDER_KINDS, SeqrecError
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
@@ -68,3 +68,22 @@ def check_replaceable(out: Path, ours: Callable[[Path], bool], what: str) -> Non
     if any(out.iterdir()) and not ours(out):
         raise SeqrecError(f"{out}: holds files that are not {what}, and the output replaces the folder as a "
                           "whole; choose a new or empty folder")
+
+
+def folder_kind(folder: Path) -> str | None:
+    """What FOLDER/manifest.json says the folder is (`FOLDER_KINDS`), "a manifest.json" for another one, None
+    without one: for refusing an output folder that already holds a dataset or a bundle."""
+    try:
+        found = json.loads((folder / "manifest.json").read_text()).get("format")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError):
+        found = None
+    return FOLDER_KINDS.get(found.split("/")[0], "a manifest.json") if isinstance(found, str) else "a manifest.json"
+
+
+def refuse_seqrec_folder(out: Path, flag: str = "--out") -> None:
+    """An output folder that holds a dataset, an artifact or a ranker of seqrec's is a mistake: refuse it."""
+    kind = folder_kind(out) if out.is_dir() else None
+    if kind is not None:
+        raise SeqrecError(f"{out} already holds {kind}; choose a new {flag}")

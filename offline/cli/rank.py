@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from offline.cli.common import Subparsers, parse_names, print_json, set_threads
 from ranker.config import MINING, TRAINABLE_KINDS, RankerConfig, check_mlp_training, mlp_default, ranker_default
+from retriever.atomic import refuse_seqrec_folder
 from retriever.errors import SeqrecError, validation_message
 
 
@@ -64,6 +65,7 @@ def _mine(args: argparse.Namespace) -> int:
                               per_user=args.per_user, holdout_per_user=args.holdout_per_user)
     except ValidationError as err:
         raise SeqrecError(validation_message(err)) from None
+    refuse_seqrec_folder(args.out)
     data = load_prepared(args.data)
     artifact = load_artifact(args.artifact)
     check_catalogue(artifact, data)
@@ -131,6 +133,8 @@ def _train_ranker(args: argparse.Namespace) -> int:
                               cooc_share=args.cooc_share, features=args.features, members=args.members)
     except ValidationError as err:
         raise SeqrecError(validation_message(err)) from None
+    if args.mined is not None:
+        refuse_seqrec_folder(args.mined, "--mined")
     data = load_prepared(args.data)
     manifest = train_ranker(args.artifact, data, config, mined_dir=args.mined, mlp=mlp, lgbm={"seed": args.seed})
     summary = {"artifact": str(args.artifact), "kind": manifest.kind, "selection": manifest.selection,

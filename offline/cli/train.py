@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
 from offline.cli.common import Subparsers, parse_ks, print_json
-from retriever.errors import FOLDER_KINDS, SeqrecError
+from retriever.atomic import refuse_seqrec_folder
+from retriever.errors import SeqrecError
 from retriever.repeats import REPEATS
 
 
@@ -58,8 +58,8 @@ def _train(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     config = load_config(args.config, overrides)
-    if (args.out / "manifest.json").exists() and not args.resume:
-        raise SeqrecError(f"{args.out} already holds {_what_is_there(args.out)}; choose a new --out")
+    if not args.resume:
+        refuse_seqrec_folder(args.out)
     if (args.out / "run" / "last.pt").exists() and not args.resume:
         raise SeqrecError(f"{args.out} holds an unfinished run; add --resume to continue it, or choose a new --out")
     data = load_prepared(args.data)
@@ -178,11 +178,3 @@ def _evaluate(args: argparse.Namespace) -> int:
     print_json(result)
     return 0
 
-
-def _what_is_there(folder: Path) -> str:
-    """What FOLDER/manifest.json says the folder is (an artifact, or a prepared dataset given as --out by mistake)."""
-    try:
-        found = json.loads((folder / "manifest.json").read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
-        found = None
-    return FOLDER_KINDS.get(found.split("/")[0], "a manifest.json") if isinstance(found, str) else "a manifest.json"

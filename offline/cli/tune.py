@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from offline.cli.common import Subparsers, print_json
+from retriever.atomic import refuse_seqrec_folder
 
 
 def add_tune_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -45,6 +46,7 @@ def _tune(args: argparse.Namespace) -> int:
     options = TuneOptions(trials=args.trials, budget_minutes=args.budget_minutes, clock=args.clock, seed=args.seed,
                           storage=args.storage, fixed=_pins(args.fix))
     options.check()
+    refuse_seqrec_folder(args.out)
     overrides = list(args.extra) + ([f"train.threads={args.threads}"] if args.threads is not None else [])
     base = apply_overrides(read_yaml(args.config, "config file") if args.config else {}, overrides)
     command = "seqrec " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("tune"):]) \

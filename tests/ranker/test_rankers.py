@@ -263,6 +263,13 @@ def test_cli_errors_are_one_line(bundle: Path, prepared: Path, tmp_path: Path, c
                  "--per-user", "0"]) == 1
     assert "per_user" in capsys.readouterr().err
     assert not (tmp_path / "m0").exists()
+    before = sorted(p.name for p in prepared.iterdir())  # mining wrote its groups into a dataset's folder
+    assert main(["mine", "--artifact", str(bundle), "--data", str(prepared), "--out", str(prepared)]) == 1
+    assert capsys.readouterr().err.strip() == (f"seqrec: error: {prepared} already holds a prepared dataset written "
+                                               "by `seqrec prepare`; choose a new --out")
+    assert main(["train-ranker", "--artifact", str(bundle), "--data", str(prepared), "--mined", str(bundle)]) == 1
+    assert "already holds a retriever artifact or bundle" in capsys.readouterr().err
+    assert sorted(p.name for p in prepared.iterdir()) == before
     for command in ("train-ranker", "mine"):
         assert main([command, "--artifact", str(bundle), "--data", str(prepared), "--holdout-per-user", "1",
                      *(["--out", str(tmp_path / "m1")] if command == "mine" else [])]) == 1

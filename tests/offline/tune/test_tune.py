@@ -99,6 +99,16 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path, capsys: pytest.Captur
     assert "\n" not in err
 
 
+def test_an_out_that_holds_a_dataset_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # the search wrote its study, trials and best.yaml into the dataset's folder
+    data = prepare_tiny(tmp_path / "data")
+    before = sorted(p.name for p in data.iterdir())
+    assert main(["tune", "--data", str(data), "--out", str(data), "--trials", "1"]) == 1
+    assert capsys.readouterr().err.strip() == (f"seqrec: error: {data} already holds a prepared dataset written by "
+                                               "`seqrec prepare`; choose a new --out")
+    assert sorted(p.name for p in data.iterdir()) == before
+
+
 def test_a_missing_data_folder_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["tune", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--trials", "1"]) == 1
     err = capsys.readouterr().err.strip()
