@@ -21,8 +21,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
-from retriever.atomic import atomic_torch_save, atomic_write, sha256_file, write_jsonl
+from retriever.atomic import atomic_torch_save, atomic_write, replace_dir, sha256_file, write_jsonl
 from retriever.compiled import ENCODER_FILE, OPSET, write_encoder
 from retriever.config import RunConfig, config_from_dict
 from retriever.errors import RetrieverError, validation_message, wrong_manifest
@@ -167,17 +169,32 @@ def _write_optional(out: Path, n_items: int, history: list[dict[str, Any]] | Non
 
 
 def rewrite_index(path: Path, spec: IndexSpec) -> RetrieverManifest:
-    """Rebuild items.faiss with another index spec, (re)compile the encoder and update the manifest in place."""
+    """Rebuild items.faiss with another index spec, (re)compile the encoder and update the manifest.
+
+    The folder is rewritten as a staged copy that replaces it with renames (`replace_dir`): in place, a reader (a
+    server reloading a published version) or a crash between the files and the manifest met new files under old
+    checksums. Through a symlink (ARTIFACTS/current) the folder it names is replaced and the link kept."""
+    path = Path(path).resolve()
     artifact = load_artifact(path, with_index=False)
-    save_index(build_index(item_matrix(artifact.model), spec), path / INDEX)
-    compiled = _write_compiled(path, artifact.model, artifact.max_len)
-    fields = artifact.manifest.to_dict()  # the file's keys, for writing back
-    fields["index"] = spec.to_dict()
-    fields["compiled"] = compiled
-    digests = {name: d for name, d in fields["sha256"].items() if name != ENCODER_FILE}
-    fields["sha256"] = {**digests, INDEX: sha256_file(path / INDEX),
-                        **({ENCODER_FILE: sha256_file(path / ENCODER_FILE)} if compiled["encoder"] == "onnx" else {})}
-    return _write_manifest(path, fields)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        shutil.copytree(path, staging, symlinks=True, dirs_exist_ok=True)
+        os.chmod(staging, path.stat().st_mode & 0o7777)  # mkdtemp's 0700 would lock out a server's other user
+        save_index(build_index(item_matrix(artifact.model), spec), staging / INDEX)
+        compiled = _write_compiled(staging, artifact.model, artifact.max_len)
+        fields = artifact.manifest.to_dict()  # the file's keys, for writing back
+        fields["index"] = spec.to_dict()
+        fields["compiled"] = compiled
+        digests = {name: d for name, d in fields["sha256"].items() if name != ENCODER_FILE}
+        fields["sha256"] = {**digests, INDEX: sha256_file(staging / INDEX),
+                            **({ENCODER_FILE: sha256_file(staging / ENCODER_FILE)}
+                               if compiled["encoder"] == "onnx" else {})}
+        manifest = _write_manifest(staging, fields)
+        replace_dir(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
 
 
 def _write_compiled(out: Path, model: Retriever, max_len: int) -> dict[str, Any]:

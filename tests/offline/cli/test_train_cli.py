@@ -89,6 +89,50 @@ def test_export_auto_and_gpu_shard_are_recorded(artifact: Path, tmp_path: Path, 
     assert "no readable manifest.json" in capsys.readouterr().err
 
 
+def test_an_export_that_dies_before_the_manifest_leaves_the_artifact_as_it_was(
+        artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    import retriever.artifact as module
+    from retriever.index import IndexSpec
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    before = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("killed before the manifest")
+
+    monkeypatch.setattr(module, "_write_manifest", killed)
+    with pytest.raises(RuntimeError, match="killed before the manifest"):
+        module.rewrite_index(copy, IndexSpec(kind="hnsw"))
+    assert {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["copy"]  # the staged copy is gone
+
+
+def test_export_through_current_replaces_the_version_folder_whole(artifact: Path, prepared: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    # in place, items.faiss and encoder.onnx changed before the manifest: a reload or a crash in between met new
+    # files under old checksums; now a staged copy replaces the folder, and `current` stays the symlink it was
+    import os
+    import shutil
+
+    artifacts = tmp_path / "artifacts"
+    version = artifacts / "versions" / "v1"
+    shutil.copytree(artifact, version)
+    version.chmod(0o755)
+    (artifacts / "current").symlink_to(Path("versions") / "v1")
+    assert main(["export", "--artifact", str(artifacts / "current"), "--index", "hnsw"]) == 0
+    assert (artifacts / "current").is_symlink()
+    assert os.readlink(artifacts / "current") == str(Path("versions") / "v1")
+    assert json.loads((version / "manifest.json").read_text())["index"]["kind"] == "hnsw"
+    assert version.stat().st_mode & 0o777 == 0o755  # not mkdtemp's 0700
+    assert sorted(p.name for p in (artifacts / "versions").iterdir()) == ["v1"]  # no staging or retired folder left
+    capsys.readouterr()
+    assert main(["evaluate", "--artifact", str(version), "--data", str(prepared)]) == 0  # checksums all match
+    assert json.loads(capsys.readouterr().out)["index"]["spec"]["kind"] == "hnsw"
+
+
 @pytest.mark.parametrize(("options", "message"), [
     (["--index", "hnsw", "--hnsw-m", "0"], "index option hnsw_m must be >= 2, got 0"),
     (["--index", "ivf", "--nprobe", "0"], "index option nprobe must be >= 1, got 0"),
