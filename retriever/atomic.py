@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from retriever.errors import FOLDER_KINDS, SeqrecError
+from retriever.errors import SeqrecError, manifest_kind
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
@@ -71,15 +71,15 @@ def check_replaceable(out: Path, ours: Callable[[Path], bool], what: str) -> Non
 
 
 def folder_kind(folder: Path) -> str | None:
-    """What FOLDER/manifest.json says the folder is (`FOLDER_KINDS`), "a manifest.json" for another one, None
+    """What FOLDER/manifest.json says the folder is (`manifest_kind`), "a manifest.json" for another one, None
     without one: for refusing an output folder that already holds a dataset or a bundle."""
     try:
-        found = json.loads((folder / "manifest.json").read_text()).get("format")
+        manifest = json.loads((folder / "manifest.json").read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, AttributeError):
-        found = None
-    return FOLDER_KINDS.get(found.split("/")[0], "a manifest.json") if isinstance(found, str) else "a manifest.json"
+    except (OSError, ValueError):
+        manifest = None
+    return manifest_kind(manifest) or "a manifest.json"
 
 
 def refuse_seqrec_folder(out: Path, flag: str = "--out") -> None:

@@ -34,8 +34,15 @@ FOLDER_KINDS = {"seqrec.prepared": "a prepared dataset written by `seqrec prepar
                 "seqrec.ranker": "a ranker, the ranker/ folder of a bundle"}
 
 
+def manifest_kind(manifest: object) -> str | None:
+    """What folder a parsed manifest.json describes (`FOLDER_KINDS`), None when it is no seqrec format."""
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    return FOLDER_KINDS.get(found.split("/")[0]) if isinstance(found, str) else None
+
+
 def wrong_manifest(expected: str, manifest: object) -> str:
     """``not a EXPECTED manifest``, saying what the folder is when its manifest is another seqrec format."""
-    found = manifest.get("format") if isinstance(manifest, dict) else None
-    kind = FOLDER_KINDS.get(found.split("/")[0]) if isinstance(found, str) else None
-    return f"not a {expected} manifest" + (f" (it is {found}: {kind})" if kind else "")
+    kind = manifest_kind(manifest)
+    if kind is None or not isinstance(manifest, dict):
+        return f"not a {expected} manifest"
+    return f"not a {expected} manifest (it is {manifest['format']}: {kind})"

@@ -178,4 +178,3 @@ def _evaluate(args: argparse.Namespace) -> int:
               "repeats": repeats, "repeat_targets": data.repeat_shares, **metrics}
     print_json(result)
     return 0
-

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from tqdm import tqdm
 
-from offline.data.readers import READERS
+from offline.data.readers import check_dataset
 from offline.jobs.versions import VERSIONS, prune_versions, switch_current
 from offline.tables import markdown_table
 from offline.tune.section import TuneSection, keep_report
@@ -60,8 +60,10 @@ class DataSpec(_Strict):
     @field_validator("dataset")
     @classmethod
     def _known_reader(cls, name: str) -> str:  # at load, not at the prepare stage
-        if name not in READERS:
-            raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(READERS)}")
+        try:
+            check_dataset(name)
+        except SeqrecError as err:
+            raise ValueError(str(err)) from None
         return name
 
 

@@ -84,12 +84,15 @@ READERS: dict[str, Callable[[ReaderOptions], RawDataset]] = {
 MOVIELENS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m")
 
 
+def check_dataset(name: str) -> None:
+    """A one-line error naming the readers when ``name`` is none of them."""
+    if name not in READERS:
+        raise SeqrecError(f"unknown dataset {name!r}; choose from {', '.join(READERS)}")
+
+
 def read_dataset(name: str, options: ReaderOptions) -> RawDataset:
     """Read ``name``; rows of a file that repeat an earlier row's user, item and timestamp are dropped and
     counted in a warning (see `drop_duplicate_interactions`); generated data is taken as generated."""
-    try:
-        reader = READERS[name]
-    except KeyError:
-        raise SeqrecError(f"unknown dataset {name!r}; choose from {', '.join(READERS)}") from None
-    raw = reader(options)
+    check_dataset(name)
+    raw = READERS[name](options)
     return drop_duplicate_interactions(raw) if raw.files else raw
