@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -48,14 +51,41 @@ def sha256_file(path: Path) -> str:
 
 
 def replace_dir(staging: Path, out: Path) -> None:
-    """Replace the folder ``out`` by ``staging`` (a sibling) with renames, so readers never see half a folder."""
+    """Replace the folder ``out`` by ``staging`` (a sibling) with renames, so readers never see half a folder.
+
+    Where the kernel can swap two paths in one step (Linux's renameat2 with RENAME_EXCHANGE), ``out`` is never
+    absent: a reader opens either the old folder or the new one. Elsewhere ``out`` is moved aside and then
+    replaced, and a reader that looks between the two renames finds no folder."""
     if not out.exists():
         os.replace(staging, out)
+        return
+    if _exchange(staging, out):
+        shutil.rmtree(staging, ignore_errors=True)  # now the old folder
         return
     retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
     os.replace(out, retired / out.name)
     os.replace(staging, out)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the paths ``a`` and ``b`` atomically; False where this system or file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28
+    if renameat2 is None:
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # old kernel, or a file system without exchange
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
 def check_replaceable(out: Path, ours: Callable[[Path], bool], what: str) -> None:

@@ -1,0 +1,82 @@
+"""replace_dir: a folder replaced as a whole, and never absent where the kernel can swap two paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from retriever import atomic
+from retriever.atomic import replace_dir
+
+
+def _folder(path: Path, text: str) -> Path:
+    path.mkdir()
+    (path / "manifest.json").write_text(text)
+    return path
+
+
+def _can_exchange(tmp_path: Path) -> bool:
+    a, b = _folder(tmp_path / "probe-a", "a"), _folder(tmp_path / "probe-b", "b")
+    swapped = atomic._exchange(a, b)
+    if swapped:
+        assert (a / "manifest.json").read_text() == "b"
+        assert (b / "manifest.json").read_text() == "a"
+    return swapped
+
+
+def test_replaces_the_folder_and_leaves_nothing_beside_it(tmp_path: Path) -> None:
+    out = _folder(tmp_path / "out", "old")
+    (out / "only-in-old").write_text("x")
+    staging = _folder(tmp_path / ".out.staging", "new")
+    replace_dir(staging, out)
+    assert (out / "manifest.json").read_text() == "new"
+    assert not (out / "only-in-old").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_new_folder_is_renamed_into_place(tmp_path: Path) -> None:
+    staging = _folder(tmp_path / ".out.staging", "new")
+    replace_dir(staging, tmp_path / "out")
+    assert (tmp_path / "out" / "manifest.json").read_text() == "new"
+    assert not staging.exists()
+
+
+def test_the_folder_is_never_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rename replace_dir makes finds the old or the new folder at ``out`` (the old code moved it aside
+    first, so a server reloading the bundle between the two renames found nothing)."""
+    if not _can_exchange(tmp_path):
+        pytest.skip("this system or file system cannot swap two paths in one step")
+    out = _folder(tmp_path / "out", "old")
+    staging = _folder(tmp_path / ".out.staging", "new")
+    seen: list[bool] = []
+    real_replace = os.replace
+
+    def replace(src: object, dst: object) -> None:
+        real_replace(src, dst)  # type: ignore[arg-type]
+        seen.append(out.is_dir())
+
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    replace_dir(staging, out)
+    assert all(seen), "a rename left no folder at OUT"
+    assert (out / "manifest.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("probe-")) == ["out"]
+
+
+def test_without_exchange_it_falls_back_to_two_renames(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(atomic, "_exchange", lambda a, b: False)
+    out = _folder(tmp_path / "out", "old")
+    staging = _folder(tmp_path / ".out.staging", "new")
+    replace_dir(staging, out)
+    assert (out / "manifest.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_exchange_that_fails_raises_and_keeps_both(tmp_path: Path) -> None:
+    if not _can_exchange(tmp_path):
+        pytest.skip("this system or file system cannot swap two paths in one step")
+    out = _folder(tmp_path / "out", "old")
+    with pytest.raises(FileNotFoundError):
+        atomic._exchange(tmp_path / "missing", out)
+    assert (out / "manifest.json").read_text() == "old"
