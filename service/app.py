@@ -29,6 +29,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from retriever import seqrec_version
 from service.bundle import Bundle, resolve_bundle
 from service.catalog import load_served
 from service.deps import State, require_key
@@ -52,7 +53,7 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
     that fails to load stops the start-up."""
     settings = settings or Settings()
     metrics = Metrics()
-    app = FastAPI(title="seqrec", version="0.1.0", max_body_size=settings.max_body_bytes,
+    app = FastAPI(title="seqrec", version=seqrec_version(), max_body_size=settings.max_body_bytes,
                   lifespan=functools.partial(lifespan, settings=settings, metrics=metrics, preloaded=bundle),
                   exception_handlers={RequestValidationError: invalid, StarletteHTTPException: http_error,
                                       StoreUnavailable: store_down, Overloaded: overloaded},

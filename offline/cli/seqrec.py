@@ -24,6 +24,7 @@ from offline.cli.recommend import add_recommend_parser
 from offline.cli.serve import add_serve_parser
 from offline.cli.train import add_evaluate_parser, add_export_parser, add_train_parser
 from offline.cli.tune import add_tune_parser
+from retriever import seqrec_version
 from retriever.errors import SeqrecError
 
 
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="seqrec", parents=[common],
         description="seqrec: a two-stage sequential recommender (prepare data, train, evaluate, serve).",
     )
+    parser.add_argument("--version", action="version", version=f"seqrec {seqrec_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(sub, common)

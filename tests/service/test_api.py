@@ -4,6 +4,7 @@ Every test writes under its own user ids, so they share one server."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import uuid
 from collections.abc import Iterator
@@ -289,6 +290,7 @@ def test_openapi_lists_the_routes(client: httpx.Client) -> None:
                       ("/readyz", "get"), ("/metrics", "get"), ("/admin/reload", "post")}
     item = spec["components"]["schemas"]["RecommendedItem"]["properties"]
     assert {"item_id", "score", "retrieval_score", "rank", "title", "genres"} <= set(item)
+    assert spec["info"]["version"] == importlib.metadata.version("seqrec")  # the installed release, not a literal
     docs = client.get("/docs")
     assert docs.status_code == 200
     assert "swagger" in docs.text.lower()

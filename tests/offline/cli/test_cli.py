@@ -1,3 +1,4 @@
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -20,6 +21,13 @@ def test_every_command_has_help(command, capsys):
         main([*command, "--help"])
     assert info.value.code == 0
     assert "usage: seqrec" in capsys.readouterr().out
+
+
+def test_version_is_the_installed_release(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"seqrec {importlib.metadata.version('seqrec')}"
 
 
 def test_prepare_then_evaluate_popularity(write, tmp_path, capsys):
