@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
+from retriever import seqrec_version
 from retriever.atomic import atomic_torch_save, atomic_write, replace_dir, sha256_file, write_jsonl
 from retriever.compiled import ENCODER_FILE, OPSET, write_encoder
 from retriever.config import RunConfig, config_from_dict
@@ -135,6 +136,7 @@ def write_artifact(
         "version": f"{created:%Y%m%dT%H%M%SZ}-{config.model.backbone}-{digest[WEIGHTS][:8]}",
         "created_at": created.isoformat(timespec="seconds"),
         "git_sha": _git_sha(),
+        "seqrec_version": seqrec_version(),
         "backbone": config.model.backbone,
         "dim": int(vectors.shape[1]),
         "n_items": n_items,
@@ -286,12 +288,18 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
 
 
 def _git_sha() -> str | None:
+    """The commit of the seqrec checkout this code runs from; None when installed (a wheel in a venv inside
+    the user's own repository would otherwise report that repository's commit)."""
+    package_root = Path(__file__).resolve().parents[1]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent, check=False)
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=package_root, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != package_root:
+        return None
+    return lines[1]
 
 
 def _first_line(err: BaseException) -> str:

@@ -26,7 +26,9 @@ class RetrieverManifest(BaseModel):
     format: str
     version: str
     created_at: str | None = None
-    git_sha: str | None = None
+    git_sha: str | None = Field(None, description="the seqrec checkout's commit; absent when run from an install")
+    seqrec_version: str | None = Field(None, description="the seqrec release that wrote it; absent in artifacts "
+                                       "written before it was recorded")
     backbone: str
     dim: int
     n_items: int

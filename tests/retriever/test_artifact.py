@@ -1,4 +1,6 @@
+import importlib.metadata
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,7 @@ from retriever.artifact import ArtifactError, load_artifact, sha256_file, write_
 from retriever.config import config_from_dict
 from retriever.index import search
 
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {"model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 6}}
 N_ITEMS = 25
 
@@ -37,6 +40,16 @@ def test_save_load_gives_identical_scores(bundle: Path) -> None:
     assert loaded.n_items == N_ITEMS
     assert loaded.manifest.metrics["valid"]["NDCG@10"] == 0.5
     assert not list(bundle.glob(".*tmp"))
+
+
+def test_the_manifest_names_the_release_and_the_checkout_that_wrote_it(bundle: Path) -> None:
+    manifest = load_artifact(bundle, with_index=False).manifest
+    assert manifest.seqrec_version == importlib.metadata.version("seqrec")
+    head = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True,
+                          cwd=ROOT, check=False).stdout.split()
+    if len(head) != 2 or Path(head[0]).resolve() != ROOT:
+        pytest.skip("not run from a git checkout of seqrec")
+    assert manifest.git_sha == head[1]
 
 
 @pytest.mark.parametrize("similarity", ["cosine", "dot"])

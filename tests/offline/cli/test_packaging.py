@@ -1,4 +1,5 @@
-"""The wheel: what `pip install seqrec` (and the Docker images) get must run `seqrec demo` outside a checkout."""
+"""The wheel: what `pip install seqrec` (and the Docker images) get must run `seqrec demo` outside a checkout,
+and its artifacts must not claim the commit of whatever git repository it happens to be installed in."""
 
 from __future__ import annotations
 
@@ -38,7 +39,12 @@ def test_the_installed_wheel_finds_the_demo_configs(tmp_path: Path) -> None:
     assert configs <= names, sorted(configs - names)
     assert {"service/static/index.html", "service/static/app.js"} <= names
 
-    site = tmp_path / "site"
+    # installed into a venv-like folder inside the user's own git repository
+    user_repo = tmp_path / "user-repo"
+    subprocess.run(["git", "init", "-q", str(user_repo)], check=True)
+    subprocess.run(["git", "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-q", "--allow-empty",
+                    "-m", "the user's work"], cwd=user_repo, check=True)
+    site = user_repo / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(site),
                     str(wheel)], check=True, capture_output=True, text=True)
     # From a folder with no configs/, importing the installed copy ahead of the checkout's editable install:
@@ -53,7 +59,8 @@ for name in ("demo.yaml", "ml-100k-download.yaml"):
     config = load_pipeline_config(pipelines_dir() / name)
     load_config(config.retriever)
     found[name] = str(config.retriever)
-print(json.dumps({"dir": str(pipelines_dir()), "retrievers": found}))
+from retriever.artifact import _git_sha
+print(json.dumps({"dir": str(pipelines_dir()), "retrievers": found, "git_sha": _git_sha()}))
 """
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -64,3 +71,4 @@ print(json.dumps({"dir": str(pipelines_dir()), "retrievers": found}))
     assert Path(found["dir"]) == site / "offline" / "configs" / "pipeline"
     for retriever in found["retrievers"].values():
         assert Path(retriever).is_relative_to(site), retriever
+    assert found["git_sha"] is None  # not the user's repository's commit
