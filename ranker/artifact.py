@@ -40,7 +40,7 @@ from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
 from ranker.times import TIMES_FILE, TimeTable
 from retriever.artifact import ArtifactError
-from retriever.atomic import atomic_write, sha256_file
+from retriever.atomic import atomic_write, replace_dir, sha256_file
 from retriever.errors import validation_message
 from retriever.manifest import RetrieverManifest
 
@@ -175,11 +175,7 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
         )
         text = json.dumps(manifest.to_json_dict(), indent=2)
         atomic_write(tmp / MANIFEST, lambda p: p.write_text(text))
-        final, old = bundle / FOLDER, bundle / f".{FOLDER}.{os.getpid()}.old"
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, bundle / FOLDER)  # a server reloading the bundle meets the old ranker or the new one
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest

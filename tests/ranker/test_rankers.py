@@ -1,7 +1,9 @@
 """Both rankers behind one interface, saved and loaded without pickle, and the two-stage CLI."""
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +130,36 @@ def test_an_ensemble_scores_with_its_members_mean_logit_and_round_trips(setup, t
         fit_mlp(ensemble.config, setup[3], groups["train"], groups["valid"], progress=False)
     with pytest.raises(ValueError, match="one shape"):
         MLPRanker.ensemble([alone[0], _mlp(setup, hidden=(16,))[0]])
+
+
+def test_rewriting_the_ranker_never_leaves_the_bundle_without_one(setup, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server reloading the bundle while `seqrec train-ranker` rewrites BUNDLE/ranker meets the old ranker or
+    the new one (it moved the old folder aside first: between two renames the bundle served the retriever alone)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the one-step swap is Linux's renameat2")
+    data, artifact, groups, source = setup
+    lgbm, _ = fit_lgbm_ranker(source, groups["train"], groups["valid"], rounds=5, patience=5)
+    bundle = tmp_path / "b"
+    shutil.copytree(artifact.path, bundle)
+    tables = item_tables(data, data.split())
+    write_ranker(bundle, lgbm, tables, retriever_manifest=artifact.manifest, metrics={"round": 1})
+    present: list[bool] = []
+    real_replace = os.replace
+
+    def replace(src: object, dst: object) -> None:
+        real_replace(src, dst)  # type: ignore[arg-type]
+        present.append((bundle / "ranker" / "manifest.json").is_file())
+
+    monkeypatch.setattr(os, "replace", replace)
+    write_ranker(bundle, lgbm, tables, retriever_manifest=artifact.manifest, metrics={"round": 2})
+    monkeypatch.undo()
+    assert present, "no rename was observed"
+    assert all(present), present
+    loaded = load_ranker(bundle, artifact.manifest)
+    assert loaded is not None
+    assert loaded.manifest.metrics == {"round": 2}
+    assert sorted(p.name for p in bundle.iterdir() if p.name.startswith(".")) == []
 
 
 def test_a_ranker_from_another_retriever_or_a_corrupt_file_is_refused(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
