@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from offline.data.errors import DataError
 from offline.data.readers.movielens import OFFICIAL_BASE_URL, release
+from retriever.atomic import replace_dir
 
 URL_ENV = "SEQREC_MOVIELENS_URL"
 _CHUNK_BYTES = 1 << 20
@@ -118,9 +119,7 @@ def _unpack(archive: Path, target: Path) -> None:
                 zf.extractall(staging)
         except zipfile.BadZipFile as err:
             raise DataError(archive, f"not a valid zip archive: {err}") from None
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(_unpacked_root(staging, target.name), target)
+        replace_dir(_unpacked_root(staging, target.name), target)  # a crash keeps the old folder whole
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

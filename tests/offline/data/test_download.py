@@ -102,6 +102,18 @@ def test_unpacks_a_kept_zip_without_downloading(server: Server, tmp_path: Path) 
     assert len(server.requests) == 1
 
 
+def test_a_fresh_download_replaces_a_folder_left_without_its_zip(server: Server, tmp_path: Path) -> None:
+    server.files["/mirror/ml-100k.zip"] = ML100K_ZIP
+    folder = download_movielens("ml-100k", tmp_path, base_url=server.base_url, md5=ML100K_MD5, progress=False)
+    (folder / "stale.txt").write_text("from an older unpack")
+    (tmp_path / "ml-100k.zip").unlink()
+    assert download_movielens("ml-100k", tmp_path, base_url=server.base_url, md5=ML100K_MD5, progress=False) == folder
+    assert (folder / "u.data").is_file()
+    assert not (folder / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ml-100k.zip", folder.name])
+    assert len(server.requests) == 2
+
+
 def test_base_url_from_environment(server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     server.files["/mirror/ml-100k.zip"] = ML100K_ZIP
     monkeypatch.setenv(URL_ENV, server.base_url + "/")
