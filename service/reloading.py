@@ -3,8 +3,8 @@
 `reload_current` loads what ``current`` names and swaps it in once it passes validation (a bundle that
 fails is refused and the old one keeps serving). A POST reaches one worker only, so with
 ``SEQREC_WORKERS`` > 1 every worker also runs `watch_current`: every ``SEQREC_RELOAD_POLL_S`` seconds
-it compares ``current`` (its target and manifest) with what it serves and reloads on a change, so a
-publish reaches every worker within one poll, with or without the POST.
+it compares ``current`` (its target, its manifest and its ranker's) with what it serves and reloads on a
+change, so a publish reaches every worker within one poll, with or without the POST.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+from ranker.artifact import FOLDER as RANKER_FOLDER
 from service.bundle import Bundle, BundleError, resolve_bundle
 from service.deps import State
 
@@ -44,19 +45,25 @@ async def reload_current(s: State) -> dict[str, Any]:
 
 
 def same_manifest(bundle: Bundle) -> bool:
-    """Whether the bundle's manifest on disk is still the one it was loaded with (a folder rewritten in place
-    is a new bundle)."""
+    """Whether the manifests on disk (the retriever's and BUNDLE/ranker's) are still the ones the bundle was
+    loaded with: a folder rewritten in place (`seqrec export`, `seqrec train-ranker`) is a new bundle."""
     try:
-        return bool(json.loads((bundle.path / "manifest.json").read_text()) == bundle.artifact.manifest.to_dict())
+        if json.loads((bundle.path / "manifest.json").read_text()) != bundle.artifact.manifest.to_dict():
+            return False
+        ranker = bundle.path / RANKER_FOLDER / "manifest.json"
+        if bundle.ranker is None:
+            return not ranker.exists()
+        return bool(json.loads(ranker.read_text()) == bundle.ranker.manifest.to_json_dict())
     except (OSError, ValueError):
         return False
 
 
-def _published(s: State) -> tuple[str, str] | None:
-    """(target, manifest text) of ``current`` now; None when it cannot be read."""
+def _published(s: State) -> tuple[str, str, str] | None:
+    """(target, manifest text, ranker manifest text or "") of ``current`` now; None when it cannot be read."""
     try:
         path = resolve_bundle(s.settings.artifacts)
-        return str(path), (path / "manifest.json").read_text()
+        ranker = path / RANKER_FOLDER / "manifest.json"
+        return str(path), (path / "manifest.json").read_text(), ranker.read_text() if ranker.exists() else ""
     except (BundleError, OSError):
         return None
 

@@ -23,6 +23,7 @@ from tests.service.support import (
     metric_samples,
     mismatch_shapes,
     point_current,
+    seqrec,
     serving,
     train_bundle,
 )
@@ -136,6 +137,23 @@ def test_good_bundle_under_load(server: Server, client: httpx.Client, artifacts:
     metrics = client.get("/metrics").text
     assert metric_samples(metrics, "seqrec_model_info") == {f'{{ranker="lgbm",version="{v2}"}}': 1.0}
     assert metric_samples(metrics, "seqrec_reloads_total")['{result="ok"}'] >= 1
+    assert _reload(client)["status"] == "unchanged"
+
+
+def test_a_ranker_retrained_in_place_is_reloaded(client: httpx.Client, artifacts: Artifacts, prepared: Path) -> None:
+    """`seqrec train-ranker` on the served folder changes BUNDLE/ranker only: the reload must see it (it compared
+    the retriever's manifest alone and answered "unchanged", serving the old ranker)."""
+    inplace = Path(shutil.copytree(artifacts.v1, artifacts.root / "inplace"))
+    point_current(artifacts.root, inplace)
+    assert _reload(client)["status"] == "reloaded"
+    assert client.get("/readyz").json()["candidates"] == 20
+    assert seqrec(["train-ranker", "--artifact", str(inplace), "--data", str(prepared), "--kind", "lgbm",
+                   "--mining", "direct", "--depth", "10", "--threads", "1", "-q"]) == 0
+    body = _reload(client)
+    assert body["status"] == "reloaded"
+    assert body["model_version"] == body["previous_version"] == artifacts.version(inplace)  # the same retriever
+    ready = client.get("/readyz").json()
+    assert ready["candidates"] == 10
     assert _reload(client)["status"] == "unchanged"
 
 
