@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from offline.cli.common import parse_names
+from offline.cli.common import default_configs_dir, parse_names
 from ranker.config import mlp_default, ranker_default
 
 SubParsers = argparse._SubParsersAction  # argparse exposes no public name for it
@@ -24,7 +24,8 @@ DEVICES = ["auto", "cpu", "cuda"]
 
 
 def _add_config_lookup(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--configs-dir", type=Path, default=Path("configs"), help="where <dataset>/<model>.yaml live")
+    p.add_argument("--configs-dir", type=Path, default=default_configs_dir(),
+                   help="where <dataset>/<model>.yaml live (default: ./configs, else the configs seqrec ships)")
     p.add_argument("--dataset-name", default=None, help="config folder to use (default: the --data folder's name)")
 
 
@@ -205,7 +206,7 @@ def _add_scale(tools: SubParsers, common: argparse.ArgumentParser) -> None:
         "OUT/scale.{json,md} and OUT/{train_time,serve_p99,memory}.png.",
     )
     scl.add_argument("--out", type=Path, required=True, help="folder for scale.{json,md} and the PNGs")
-    scl.add_argument("--config", type=Path, default=Path("configs/synthetic/transformer.yaml"),
+    scl.add_argument("--config", type=Path, default=default_configs_dir() / "synthetic" / "transformer.yaml",
                      help="run config to train and serve")
     scl.add_argument("--curves", default="train,serve,memory", help="comma-separated subset of train,serve,memory")
     scl.add_argument("--interactions", default="100000,1000000,10000000", help="training curve sizes (1e5 works)")

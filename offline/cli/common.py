@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from retriever.errors import SeqrecError
@@ -14,6 +15,20 @@ from retriever.errors import SeqrecError
 Handler = Callable[[argparse.Namespace], int]
 Subparsers = argparse._SubParsersAction
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def shipped_configs() -> Path:
+    """The committed configs/: inside an installed wheel at offline/configs (setup.py ships it there), else at
+    the root of the source checkout this module runs from."""
+    offline = Path(__file__).resolve().parents[1]
+    installed = offline / "configs"
+    return installed if installed.is_dir() else offline.parent / "configs"
+
+
+def default_configs_dir() -> Path:
+    """Where `<dataset>/<model>.yaml` are looked up by default: ./configs when the working folder has one
+    (a checkout, or the user's own), else the configs seqrec ships."""
+    return Path("configs") if Path("configs").is_dir() else shipped_configs()
 
 
 def common_parser() -> argparse.ArgumentParser:

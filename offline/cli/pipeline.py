@@ -7,17 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from offline.cli.common import Subparsers, set_threads
+from offline.cli.common import Subparsers, set_threads, shipped_configs
 from offline.jobs.versions import CURRENT
 from retriever.errors import SeqrecError
-
-
-def pipelines_dir() -> Path:
-    """configs/pipeline: inside an installed wheel at offline/configs (setup.py ships it there), else at the root
-    of the source checkout this module runs from."""
-    offline = Path(__file__).resolve().parents[1]
-    installed = offline / "configs" / "pipeline"
-    return installed if installed.is_dir() else offline.parent / "configs" / "pipeline"
 
 
 def add_pipeline_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -76,7 +68,7 @@ def _demo(args: argparse.Namespace) -> int:
     from service.bundle import load_bundle
 
     set_threads(args.threads)
-    config = pipelines_dir() / ("ml-100k-download.yaml" if args.download else "demo.yaml")
+    config = shipped_configs() / "pipeline" / ("ml-100k-download.yaml" if args.download else "demo.yaml")
     summary = run_pipeline(config, args.out, threads=args.threads)
     print(summary_table(summary))
     bundle = load_bundle(args.out / CURRENT)

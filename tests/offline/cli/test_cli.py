@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from offline.cli import build_parser, main
+from offline.cli.common import default_configs_dir, shipped_configs
 
 
 def subcommands() -> list[str]:
@@ -135,3 +136,13 @@ def test_bad_flag_values(tmp_path, capsys):
     assert ">= 3" in capsys.readouterr().err
     assert main(["prepare", "--dataset", "s3rec", "--download", "--out", str(tmp_path / "o")]) == 1
     assert "--download works for" in capsys.readouterr().err
+
+
+def test_configs_are_looked_up_in_the_working_folder_then_in_what_seqrec_ships(tmp_path, monkeypatch):
+    shipped = shipped_configs()
+    assert (shipped / "pipeline" / "demo.yaml").is_file()
+    monkeypatch.chdir(tmp_path)
+    assert default_configs_dir() == shipped
+    assert build_parser().parse_args(["bench", "--data", "d", "--out", "o"]).configs_dir == shipped
+    (tmp_path / "configs").mkdir()
+    assert default_configs_dir() == Path("configs")

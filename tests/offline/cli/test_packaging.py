@@ -51,16 +51,17 @@ def test_the_installed_wheel_finds_the_demo_configs(tmp_path: Path) -> None:
     # each pipeline `seqrec demo` runs loads, and so does the retriever config it names.
     probe = """
 import json, sys
-from offline.cli.pipeline import pipelines_dir
+from offline.cli.common import default_configs_dir, shipped_configs
 from offline.jobs.pipeline import load_pipeline_config
 from retriever.config import load_config
 found = {}
 for name in ("demo.yaml", "ml-100k-download.yaml"):
-    config = load_pipeline_config(pipelines_dir() / name)
+    config = load_pipeline_config(shipped_configs() / "pipeline" / name)
     load_config(config.retriever)
     found[name] = str(config.retriever)
 from retriever.artifact import _git_sha
-print(json.dumps({"dir": str(pipelines_dir()), "retrievers": found, "git_sha": _git_sha()}))
+print(json.dumps({"dir": str(shipped_configs()), "lookup": str(default_configs_dir()), "retrievers": found,
+                  "git_sha": _git_sha()}))
 """
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -68,7 +69,8 @@ print(json.dumps({"dir": str(pipelines_dir()), "retrievers": found, "git_sha": _
     result = subprocess.run([sys.executable, "-c", probe], cwd=work, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout.splitlines()[-1])
-    assert Path(found["dir"]) == site / "offline" / "configs" / "pipeline"
+    assert Path(found["dir"]) == site / "offline" / "configs"
+    assert Path(found["lookup"]) == site / "offline" / "configs"  # `seqrec bench --models NAME` finds them too
     for retriever in found["retrievers"].values():
         assert Path(retriever).is_relative_to(site), retriever
     assert found["git_sha"] is None  # not the user's repository's commit
