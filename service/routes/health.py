@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from retriever import seqrec_version
 from service.deps import EngineDep, MetricsDep, StoreDep
 from service.schemas import METRICS
 
@@ -24,7 +25,8 @@ async def healthz() -> dict[str, str]:
 async def readyz(engine: EngineDep, store: StoreDep) -> dict[str, Any]:
     reachable = await store.ping()
     return {"status": "ready" if reachable else "degraded", **engine.bundle.describe(),
-            "store": {"kind": store.name, "reachable": reachable}, "worker": os.getpid()}
+            "store": {"kind": store.name, "reachable": reachable}, "worker": os.getpid(),
+            "seqrec_version": seqrec_version()}
 
 
 @router.get("/metrics", response_class=Response, responses=METRICS)
