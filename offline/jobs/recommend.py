@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import redis
 from tqdm import tqdm
 
 from offline.data.prepared import PreparedDataset
@@ -148,14 +149,20 @@ def run_batch(bundle: Bundle, data: PreparedDataset, rows: np.ndarray, job: Batc
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     client = _redis(redis_url) if redis_url else None
     started, cpu = time.perf_counter(), time.process_time()
-    n_rows = 0
+    n_rows = stored = 0
     try:
         with pq.ParquetWriter(tmp, SCHEMA) as writer, tqdm(total=len(rows), desc="recommend", unit="user",
                                                            disable=None) as bar:
             for n_users, table in recommend_users(bundle, data, rows, job):
                 writer.write_table(table)
                 if client is not None:
-                    _write_redis(client, table, bundle.version, redis_prefix, ttl)
+                    try:
+                        _write_redis(client, table, bundle.version, redis_prefix, ttl)
+                    except redis.RedisError as err:  # full, gone, read-only replica: the user's to fix
+                        raise SeqrecError(f"--redis-url {redis_url}: Redis refused the lists: {_reason(err)} ("
+                                          f"earlier batches stored the lists of {stored} users; {out} was "
+                                          "not written)") from None
+                    stored += n_users
                 n_rows += table.num_rows
                 bar.update(n_users)
         os.replace(tmp, out)
@@ -173,14 +180,18 @@ def run_batch(bundle: Bundle, data: PreparedDataset, rows: np.ndarray, job: Batc
 
 
 def _redis(url: str) -> Any:
-    import redis
-
     try:
         client = redis.Redis.from_url(url, socket_timeout=10.0)
         client.ping()
     except (redis.RedisError, ValueError) as err:
         raise SeqrecError(f"--redis-url {url}: cannot reach Redis: {err}") from None
     return client
+
+
+def _reason(err: redis.RedisError) -> str:
+    """The server's reason without the command: a pipeline's error quotes the whole SET, list included."""
+    text = str(err)
+    return f"{type(err).__name__}: {text.split('caused error: ', 1)[-1]}"
 
 
 def _write_redis(client: Any, table: pa.Table, version: str, prefix: str, ttl: int | None) -> None:

@@ -4,6 +4,7 @@ concatenate to the whole; Redis lists are written and expire; bad arguments are 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,17 @@ import pytest
 import redis
 
 from offline.cli import main as seqrec
-from tests.service.support import SHARED_REDIS, Server, listening, prepare_synthetic, serving, train_bundle
+from tests.service.support import (
+    REDIS_SERVER,
+    SHARED_REDIS,
+    RedisServer,
+    Server,
+    free_port,
+    listening,
+    prepare_synthetic,
+    serving,
+    train_bundle,
+)
 
 FILTERS = {"year": {"gte": 1990}, "genres": {"ne": "Drama"}}
 
@@ -112,6 +123,33 @@ def test_redis_lists_are_written_and_expire(tiny: tuple[Path, Path], tmp_path: P
             keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
             if keys:
                 client.delete(*keys)
+
+
+def test_a_redis_that_refuses_writes_is_a_one_line_error(tiny: tuple[Path, Path], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A Redis that answers PING but refuses the lists (full: maxmemory reached under noeviction) is the
+    user's to fix: one line naming it, exit 1, no Parquet file (it was an internal error with a traceback hint)."""
+    if not shutil.which(REDIS_SERVER):
+        pytest.skip(f"{REDIS_SERVER} not found")
+    full = RedisServer(free_port())
+    full.start()
+    try:
+        with redis.Redis.from_url(full.url) as client:
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", "1")
+        data, bundle = tiny
+        out = tmp_path / "recs.parquet"
+        assert seqrec(["recommend", "--artifact", str(bundle), "--data", str(data), "--out", str(out), "--all",
+                       "--redis-url", full.url, "-q"]) == 1
+    finally:
+        full.kill()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    expected = f"seqrec: error: --redis-url {full.url}: Redis refused the lists: OutOfMemoryError: command not allowed"
+    assert err[0].startswith(expected), err[0]
+    assert err[0].endswith(f"(earlier batches stored the lists of 0 users; {out} was not written)"), err[0]
+    assert not out.exists()
+    assert not list(tmp_path.glob(".recs.parquet.*"))
 
 
 @pytest.mark.parametrize(("args", "message"), [
