@@ -319,7 +319,8 @@ class RedisStore:
             yield
         except _UNAVAILABLE as e:
             reason = str(e) or type(e).__name__
-            raise StoreUnavailable(f"Redis at {self.url} is unreachable: {reason}") from e
+            state = "refuses writes" if isinstance(e, rex.ReadOnlyError | rex.OutOfMemoryError) else "is unreachable"
+            raise StoreUnavailable(f"Redis at {self.url} {state}: {reason}") from e
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
         _check_user(user_id)

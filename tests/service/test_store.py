@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import time
 from collections.abc import Awaitable
@@ -193,6 +194,26 @@ async def test_redis_killed_and_restarted(redis_server: RedisServer) -> None:
         redis_server.kill()
         redis_server.start()
         assert await store.append("u0", [Event("5")], max_len=5) == 1
+        assert await store.ping() is True
+    finally:
+        await store.close()
+
+
+async def test_a_full_redis_refuses_writes_and_still_serves_reads(redis_server: RedisServer) -> None:
+    """maxmemory reached under noeviction: appends fail as StoreUnavailable (the API's 503, retry later) saying
+    that Redis refuses writes, not that it is unreachable; stored histories are still read."""
+    url = f"redis://127.0.0.1:{redis_server.port}/0"
+    store = RedisStore(url, prefix="t:", timeout_ms=1000)
+    try:
+        assert await store.append("u0", [Event("1"), Event("2")], max_len=5) == 2
+        async with aioredis.Redis.from_url(url) as admin:
+            await admin.config_set("maxmemory-policy", "noeviction")
+            await admin.config_set("maxmemory", "1")
+        with pytest.raises(StoreUnavailable, match=f"Redis at {re.escape(url)} refuses writes: "):
+            await store.append("u0", [Event("3")], max_len=5)
+        with pytest.raises(StoreUnavailable, match="refuses writes"):
+            await store.append_many([("u1", [Event("3")])], max_len=5)
+        assert _ids(await store.history("u0")) == ["1", "2"]
         assert await store.ping() is True
     finally:
         await store.close()
