@@ -38,6 +38,10 @@ def _pipeline(args: argparse.Namespace) -> int:
 
     if args.config is None:
         raise SeqrecError("--config is required (or set SEQREC_PIPELINE_CONFIG); see configs/pipeline/")
+    if not args.config.exists():
+        shipped = shipped_configs() / "pipeline"
+        names = ", ".join(sorted(p.name for p in shipped.glob("*.yaml")))
+        raise SeqrecError(f"{args.config}: no such pipeline config (seqrec ships {names} in {shipped})")
     if args.keep is not None and args.keep < 1:
         raise SeqrecError(f"--keep must be >= 1, got {args.keep}")
     set_threads(args.threads)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from offline.cli import main
+from offline.cli.common import shipped_configs
 from offline.jobs import rank as ranking
 from offline.jobs.pipeline import STAGES, PublishRecord, RunState, load_pipeline_config
 
@@ -116,7 +117,11 @@ def test_old_versions_are_pruned_but_never_current(tmp_path: Path) -> None:
 
 def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["pipeline", "--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "a")]) == 1
-    assert "no such pipeline config" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "missing.yaml: no such pipeline config (seqrec ships " in err[0]
+    assert "demo.yaml" in err[0]  # the shipped configs are listed, with where they are
+    assert str(shipped_configs() / "pipeline") in err[0]
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"name": "x", "data": {"dataset": "synthetic"}, "retriever": "r.yaml",
                                    "ranker": {"kind": "forest"}}))
