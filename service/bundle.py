@@ -175,7 +175,11 @@ def resolve_bundle(artifacts: Path) -> Path:
         return artifacts.resolve()
     if not artifacts.exists():
         raise BundleError(f"{artifacts}: no such folder (set SEQREC_ARTIFACTS or --artifacts)")
-    raise BundleError(f"{artifacts}: neither a bundle (no manifest.json) nor an artifacts folder with `{CURRENT}`")
+    # `seqrec demo` publishes into artifacts/demo, and `seqrec serve` reads artifacts: name what is one level down
+    inside = sorted(str(sub) for sub in artifacts.iterdir() if (sub / CURRENT).exists()) if artifacts.is_dir() else []
+    hint = f"; did you mean --artifacts {' or '.join(inside)}?" if inside else ""
+    raise BundleError(f"{artifacts}: neither a bundle (no manifest.json) nor an artifacts folder with `{CURRENT}`"
+                      f"{hint}")
 
 
 def load_bundle(path: Path, *, inference: Inference = "auto", threads: int = 1) -> Bundle:

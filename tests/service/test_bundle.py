@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -22,7 +23,17 @@ def test_resolve_prefers_current(bundle: Path, tmp_path: Path) -> None:
 def test_resolve_names_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match="no such folder"):
         resolve_bundle(tmp_path / "absent")
-    with pytest.raises(BundleError, match="neither a bundle"):
+    with pytest.raises(BundleError, match="neither a bundle") as info:
+        resolve_bundle(tmp_path)
+    assert "did you mean" not in str(info.value)
+
+
+def test_an_artifacts_folder_one_level_down_is_named(bundle: Path, tmp_path: Path) -> None:
+    """`seqrec demo` publishes into artifacts/demo while `seqrec serve` reads artifacts by default."""
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "current").symlink_to(bundle, target_is_directory=True)
+    (tmp_path / "other").mkdir()
+    with pytest.raises(BundleError, match=rf"did you mean --artifacts {re.escape(str(tmp_path / 'demo'))}\?$"):
         resolve_bundle(tmp_path)
 
 
