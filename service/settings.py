@@ -73,7 +73,8 @@ class Settings(BaseSettings):
     def _redis_scheme(cls, url: str | None) -> str | None:
         # redis-py's own check only runs when the store connects, inside each worker's start-up
         if url and not url.startswith(REDIS_SCHEMES):
-            raise ValueError(f"{url!r} is not a Redis URL: it must start with {', '.join(REDIS_SCHEMES)}")
+            shown = url if "@" not in url else "***@" + url.rsplit("@", 1)[1]  # credentials never reach a log
+            raise ValueError(f"{shown!r} is not a Redis URL: it must start with {', '.join(REDIS_SCHEMES)}")
         return url
 
     def reload_poll(self) -> float:

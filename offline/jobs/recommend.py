@@ -40,6 +40,7 @@ from retriever.errors import SeqrecError
 from service.answer import plan_query, popular
 from service.bundle import Bundle
 from service.recommend import Query, recommend_batch
+from service.store import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +160,9 @@ def run_batch(bundle: Bundle, data: PreparedDataset, rows: np.ndarray, job: Batc
                     try:
                         _write_redis(client, table, bundle.version, redis_prefix, ttl)
                     except redis.RedisError as err:  # full, gone, read-only replica: the user's to fix
-                        raise SeqrecError(f"--redis-url {redis_url}: Redis refused the lists: {_reason(err)} ("
-                                          f"earlier batches stored the lists of {stored} users; {out} was "
-                                          "not written)") from None
+                        raise SeqrecError(f"--redis-url {redact_url(redis_url or '')}: Redis refused the lists: "
+                                          f"{_reason(err)} (earlier batches stored the lists of {stored} users; "
+                                          f"{out} was not written)") from None
                     stored += n_users
                 n_rows += table.num_rows
                 bar.update(n_users)
@@ -184,7 +185,7 @@ def _redis(url: str) -> Any:
         client = redis.Redis.from_url(url, socket_timeout=10.0)
         client.ping()
     except (redis.RedisError, ValueError) as err:
-        raise SeqrecError(f"--redis-url {url}: cannot reach Redis: {err}") from None
+        raise SeqrecError(f"--redis-url {redact_url(url)}: cannot reach Redis: {err}") from None
     return client
 
 

@@ -46,6 +46,8 @@ def test_serve_refuses_a_corrupt_bundle_with_any_number_of_workers(bundle: Path,
 @pytest.mark.parametrize(("options", "message"), [
     (["--redis-url", "localhost:6379"], "SEQREC_REDIS_URL: Value error, 'localhost:6379' is not a Redis URL: it "
                                         "must start with redis://, rediss://, unix://"),
+    (["--redis-url", "http://:s3cret@cache:6379"], "SEQREC_REDIS_URL: Value error, '***@cache:6379' is not a Redis "
+                                                   "URL: it must start with redis://, rediss://, unix://"),
     (["--port", "70000"], "SEQREC_PORT: Input should be less than or equal to 65535"),
 ])
 def test_serve_names_an_invalid_setting_alone(bundle: Path, options: list[str], message: str,

@@ -163,6 +163,7 @@ def test_a_redis_that_refuses_writes_is_a_one_line_error(tiny: tuple[Path, Path]
     (["--all", "--filters", '{"year": {"gte": "x"}}'], "filters.year.gte"),
     (["--users", "USERS"], "are not in"),
     (["--all", "--redis-url", "redis://127.0.0.1:1/0"], "cannot reach Redis"),
+    (["--all", "--redis-url", "redis://:s3cret@127.0.0.1:1/0"], "--redis-url redis://:***@127.0.0.1:1/0: cannot reach"),
 ])
 def test_bad_arguments_are_one_line_errors(tiny: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            args: list[str], message: str) -> None:
@@ -175,6 +176,7 @@ def test_bad_arguments_are_one_line_errors(tiny: tuple[Path, Path], tmp_path: Pa
     assert len(err) == 1, err
     assert err[0].startswith("seqrec: error:")
     assert message in err[0]
+    assert "s3cret" not in err[0]  # a Redis password never reaches the terminal
     assert not out.exists()
     assert not list(tmp_path.glob(".recs.parquet.*"))  # no temporary file left behind
 
