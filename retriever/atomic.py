@@ -60,7 +60,10 @@ def replace_dir(staging: Path, out: Path) -> None:
         os.replace(staging, out)
         return
     if _exchange(staging, out):
-        shutil.rmtree(staging, ignore_errors=True)  # now the old folder
+        if staging.is_symlink():  # ``out`` was a link: it is replaced, what it pointed to is left alone
+            staging.unlink()
+        else:
+            shutil.rmtree(staging, ignore_errors=True)  # now the old folder
         return
     retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
     os.replace(out, retired / out.name)

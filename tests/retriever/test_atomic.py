@@ -80,3 +80,15 @@ def test_an_exchange_that_fails_raises_and_keeps_both(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         atomic._exchange(tmp_path / "missing", out)
     assert (out / "manifest.json").read_text() == "old"
+
+
+def test_a_link_is_replaced_by_the_folder_and_its_target_kept(tmp_path: Path) -> None:
+    target = _folder(tmp_path / "target", "old")
+    out = tmp_path / "out"
+    out.symlink_to(target, target_is_directory=True)
+    staging = _folder(tmp_path / ".out.staging", "new")
+    replace_dir(staging, out)
+    assert not out.is_symlink()
+    assert (out / "manifest.json").read_text() == "new"
+    assert (target / "manifest.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "target"]
