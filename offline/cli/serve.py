@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings = Settings(**given)  # options override SEQREC_* variables
     except ValidationError as err:
         raise SeqrecError("invalid settings: " + validation_message(err, prefix="SEQREC_", upper=True)) from None
+    check_bindable(settings.host, settings.port)  # before the bundle's load, which takes seconds
     try:  # refuse a bad bundle before binding; with several workers each loads its own, so this one is dropped
         path = resolve_bundle(settings.artifacts)
         bundle = load_served(path, inference=settings.inference, threads=settings.threads)
@@ -68,6 +70,19 @@ def _serve(args: argparse.Namespace) -> int:
     run_workers(uvicorn.Config(WORKER_APP, factory=True, workers=settings.workers, host=settings.host,
                                port=settings.port, log_level=settings.log_level))
     return 0
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Bind HOST:PORT as uvicorn will (SO_REUSEADDR) and let go: a port in use, a host this machine does not have
+    or a privileged port is one line now, instead of uvicorn's exit 3 once the bundle has loaded."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family=family) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise SeqrecError(f"cannot listen on {host}:{port}: {err.strerror or err} (--host/--port, SEQREC_HOST/"
+                              "SEQREC_PORT)") from None
 
 
 def run_workers(config: uvicorn.Config) -> None:

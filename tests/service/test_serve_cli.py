@@ -1,8 +1,10 @@
-"""`seqrec serve` refuses what it cannot serve with one line and exit 1, before binding a port."""
+"""`seqrec serve` refuses what it cannot serve, and a port it cannot listen on, with one line and exit 1, before
+binding a port."""
 
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,27 @@ def test_serve_refuses_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFi
     err = capsys.readouterr().err
     assert "no such folder" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_is_one_line_before_the_bundle_loads(bundle: Path, workers: str, capsys: pytest.CaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was uvicorn's log line and exit 3, after the bundle had loaded."""
+    import service.catalog
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the bundle was loaded before the port was checked")
+
+    monkeypatch.setattr(service.catalog, "load_served", never)
+    monkeypatch.delenv("SEQREC_REDIS_URL", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--artifacts", str(bundle), "--port", str(port), "--workers", workers]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"seqrec: error: cannot listen on 127.0.0.1:{port}: Address already in use (--host/--port, "
+        "SEQREC_HOST/SEQREC_PORT)"]
 
 
 def test_serve_refuses_a_corrupt_bundle(bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
