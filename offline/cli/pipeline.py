@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from offline.cli.common import Subparsers, set_threads, shipped_configs
+from offline.cli.serve import check_bindable
 from offline.jobs.versions import CURRENT
 from retriever.errors import SeqrecError
 
@@ -71,6 +72,8 @@ def _demo(args: argparse.Namespace) -> int:
     from offline.jobs.pipeline import run_pipeline, summary_table
     from service.bundle import load_bundle
 
+    if not args.no_serve:  # before minutes of training, not after
+        check_bindable(args.host, args.port, "--host/--port")
     set_threads(args.threads)
     config = shipped_configs() / "pipeline" / ("ml-100k-download.yaml" if args.download else "demo.yaml")
     summary = run_pipeline(config, args.out, threads=args.threads)

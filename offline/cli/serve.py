@@ -72,7 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_bindable(host: str, port: int) -> None:
+def check_bindable(host: str, port: int, options: str = "--host/--port, SEQREC_HOST/SEQREC_PORT") -> None:
     """Bind HOST:PORT as uvicorn will (SO_REUSEADDR) and let go: a port in use, a host this machine does not have
     or a privileged port is one line now, instead of uvicorn's exit 3 once the bundle has loaded."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -81,8 +81,7 @@ def check_bindable(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as err:
-            raise SeqrecError(f"cannot listen on {host}:{port}: {err.strerror or err} (--host/--port, SEQREC_HOST/"
-                              "SEQREC_PORT)") from None
+            raise SeqrecError(f"cannot listen on {host}:{port}: {err.strerror or err} ({options})") from None
 
 
 def run_workers(config: uvicorn.Config) -> None:

@@ -42,6 +42,24 @@ def test_a_port_in_use_is_one_line_before_the_bundle_loads(bundle: Path, workers
         "SEQREC_HOST/SEQREC_PORT)"]
 
 
+def test_demo_checks_its_port_before_training(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import offline.jobs.pipeline
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the pipeline ran before the port was checked")
+
+    monkeypatch.setattr(offline.jobs.pipeline, "run_pipeline", never)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["demo", "--out", str(tmp_path / "demo"), "--port", str(port)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"seqrec: error: cannot listen on 127.0.0.1:{port}: Address already in use (--host/--port)"]
+    assert not (tmp_path / "demo").exists()
+
+
 def test_serve_refuses_a_corrupt_bundle(bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(bundle, broken)
