@@ -7,6 +7,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from retriever import seqrec_version
 from service.bundle import Bundle
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -27,6 +28,8 @@ class Metrics:
                                buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry)
         self.model = Gauge("seqrec_model_info", "the served model (value 1)", ["version", "ranker"],
                            registry=self.registry)
+        Gauge("seqrec_build_info", "the seqrec release serving (value 1)", ["version"],
+              registry=self.registry).labels(seqrec_version()).set(1)
         self.reloads = Counter("seqrec_reloads_total", "bundle reloads", ["result"], registry=self.registry)
         self.shed = Counter("seqrec_shed_total", "/recommend requests refused with 503 because the queue was full",
                             registry=self.registry)

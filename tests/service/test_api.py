@@ -281,6 +281,7 @@ def test_metrics(client: httpx.Client, catalogue: list[str], ready: dict[str, An
         assert stages[f'{{stage="{stage}"}}'] >= 1
     assert metric_samples(text, "seqrec_batch_size_count")[""] >= 1
     assert metric_samples(text, "seqrec_model_info") == {f'{{ranker="lgbm",version="{ready["model_version"]}"}}': 1.0}
+    assert metric_samples(text, "seqrec_build_info") == {f'{{version="{importlib.metadata.version("seqrec")}"}}': 1.0}
 
 
 def test_openapi_lists_the_routes(client: httpx.Client) -> None:
