@@ -80,7 +80,7 @@ def select_users(data: PreparedDataset, users_file: Path | None, shard: tuple[in
         rows = np.arange(data.n_users)
     else:
         try:
-            wanted = [line.strip() for line in users_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+            wanted = [line.strip() for line in users_file.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
         except (OSError, UnicodeDecodeError) as err:
             raise SeqrecError(f"{users_file}: unreadable users file: {err}") from None
         row_of = {str(u): r for r, u in enumerate(data.user_ids.tolist())}

@@ -99,7 +99,8 @@ def test_shards_concatenate_to_the_whole(tiny: tuple[Path, Path], tmp_path: Path
 
 def test_users_file_picks_users_in_its_order(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     users = list(_histories(tiny[0]))[5:9][::-1]
-    (tmp_path / "users.txt").write_text("\n".join([*users, users[0]]) + "\n")
+    # as a spreadsheet exports it: a byte-order mark, CRLF line ends, a blank line
+    (tmp_path / "users.txt").write_text("\ufeff" + "\r\n".join([*users, "", users[0]]) + "\r\n", newline="")
     out = tmp_path / "some.parquet"
     _run(tiny, out, "--users", str(tmp_path / "users.txt"), "--k", "3")
     assert list(dict.fromkeys(pq.read_table(out).column("user_id").to_pylist())) == users
