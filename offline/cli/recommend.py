@@ -101,6 +101,6 @@ def _ids(path: Path | None) -> list[str] | None:
     if path is None:
         return None
     try:
-        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as err:
         raise SeqrecError(f"{path}: unreadable item id file: {err}") from None

@@ -106,6 +106,21 @@ def test_users_file_picks_users_in_its_order(tiny: tuple[Path, Path], tmp_path: 
     assert list(dict.fromkeys(pq.read_table(out).column("user_id").to_pylist())) == users
 
 
+def test_item_files_restrict_and_exclude(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    whole = _run(tiny, tmp_path / "all.parquet", "--all", "--k", "5")
+    shown = sorted({item for rows in whole.values() for item, _ in rows})
+    deny, allow = shown[: len(shown) // 2], shown[len(shown) // 2:]
+    (tmp_path / "deny.txt").write_text("\ufeff" + "\n".join(deny) + "\n")  # with a byte-order mark
+    (tmp_path / "allow.txt").write_text("\n".join(allow) + "\n")
+    denied = _run(tiny, tmp_path / "deny.parquet", "--all", "--k", "5", "--exclude-items", str(tmp_path / "deny.txt"))
+    assert denied.keys() == whole.keys()
+    assert not {item for rows in denied.values() for item, _ in rows} & set(deny)
+    allowed = _run(tiny, tmp_path / "allow.parquet", "--all", "--k", "5", "--include-items",
+                   str(tmp_path / "allow.txt"))
+    assert {item for rows in allowed.values() for item, _ in rows} <= set(allow)
+    assert any(len(rows) == 5 for rows in allowed.values())
+
+
 def test_redis_lists_are_written_and_expire(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     if not listening(6379):
         pytest.skip("no Redis listening on 127.0.0.1:6379")
