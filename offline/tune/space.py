@@ -104,3 +104,44 @@ def suggest(trial: Trial, base: dict[str, Any], shape: DataShape) -> dict[str, A
     if train["schedule"] == "wsd":
         train["patience"] = max(int(train.get("patience", 10)), int(train.get("decay_patience", 3)) + 1)
     return raw
+
+
+class _Recorder:
+    """A trial that answers every suggestion with its first choice (or low end) and records what was asked."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, tuple[Any, ...]] = {}
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        self.asked[name] = ("categorical", tuple(choices))
+        return choices[0]
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        self.asked[name] = ("int", low, high)
+        return low
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float:
+        self.asked[name] = ("float", low, high)
+        return low
+
+
+def fixed_problems(fixed: dict[str, Any], base: dict[str, Any], shape: DataShape) -> list[str]:
+    """What is wrong with each ``--fix NAME=VALUE`` for this base config and data: a name its backbone does not
+    search, a value outside the declared choices or range (Optuna fails the first trial on it, after the data
+    has loaded and with a traceback in its log)."""
+    recorder = _Recorder()
+    suggest(recorder, base, shape)
+    backbone = base.get("model", {}).get("backbone", "transformer")
+    problems = []
+    for name, value in fixed.items():
+        asked = recorder.asked.get(name)
+        if asked is None:
+            problems.append(f"{name}: not searched for this config ({backbone})")
+        elif asked[0] == "categorical" and value not in asked[1]:
+            problems.append(f"{name}={value!r}: not one of {', '.join(map(str, asked[1]))}")
+        elif asked[0] == "int" and not (isinstance(value, int) and asked[1] <= value <= asked[2]):
+            problems.append(f"{name}={value!r}: not a whole number from {asked[1]} to {asked[2]}")
+        elif asked[0] == "float" and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                          and asked[1] <= value <= asked[2]):
+            problems.append(f"{name}={value!r}: not a number from {asked[1]} to {asked[2]}")
+    return problems

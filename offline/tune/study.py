@@ -19,25 +19,29 @@ import copy
 import json
 import logging
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 import torch
 
 from offline.data.prepared import PreparedDataset
 from offline.jobs.train import dataset_fingerprint, dense_metrics, evaluation_sample, item_feature_matrix
 from offline.tune.report import write_report
 from offline.tune.section import Clock, TuneSection
-from offline.tune.space import PARAMS, DataShape, suggest
+from offline.tune.space import PARAMS, DataShape, fixed_problems, suggest
 from retriever.checkpoint import SELECTION_METRIC, load_weights
 from retriever.config import RunConfig, config_from_dict, load_config
 from retriever.errors import SeqrecError
 from retriever.model import Retriever
 from retriever.repeats import resolve_repeats
 from retriever.train import Validate, fit
+from service.store import redact_url
 
 log = logging.getLogger(__name__)
 STUDY_NAME = "seqrec-tune"
@@ -177,19 +181,34 @@ def open_study(out: Path, options: TuneOptions, identity: dict[str, Any]) -> opt
     """The study in ``options.storage`` (default OUT/study.db), created or continued; refuses another search's."""
     out.mkdir(parents=True, exist_ok=True)
     url = options.storage or f"sqlite:///{(out / 'study.db').resolve()}"
-    storage = optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
     sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(seed=options.seed)
     if options.fixed:
-        sampler = optuna.samplers.PartialFixedSampler(options.fixed, sampler)
+        with _stable_enough():
+            sampler = optuna.samplers.PartialFixedSampler(options.fixed, sampler)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=options.startup_trials, n_warmup_steps=options.warmup_evals)
-    study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize", sampler=sampler,
-                                pruner=pruner, load_if_exists=True)
+    try:
+        with _stable_enough():
+            storage = optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
+        study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize", sampler=sampler,
+                                    pruner=pruner, load_if_exists=True)
+    except (ImportError, ValueError, sqlalchemy.exc.SQLAlchemyError) as err:  # a path, a driver, a server
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SeqrecError(f"--storage {redact_url(url)}: cannot open the study: {reason}") from None
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
     elif stored != identity:
-        raise SeqrecError(f"{url} holds a search of another config or dataset; choose a new --out")
+        raise SeqrecError(f"{redact_url(url)} holds a search of another config or dataset; choose a new --out")
     return study
+
+
+@contextmanager
+def _stable_enough() -> Iterator[None]:
+    """Optuna marks the heartbeat and PartialFixedSampler experimental and warns on every run; the versions
+    pyproject admits are the ones tested here, so the warning tells a user nothing."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
 
 
 def finished(study: optuna.Study) -> int:
@@ -204,9 +223,12 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
     config_from_dict(base, source="base config")  # a bad base config fails before any trial
     budget = Budget(options.budget_minutes, options.clock)
     identity = {"base": base, "data": dataset_fingerprint(data)}
+    search = Search(base, data, out, budget)
+    problems = fixed_problems(options.fixed, base, search.shape)
+    if problems:
+        raise SeqrecError(f"--fix {'; '.join(problems)}")
     study = open_study(out, options, json.loads(json.dumps(identity, default=str)))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    search = Search(base, data, out, budget)
     started = 0  # every invocation runs one trial at least, however small its budget
     while (started == 0 or not budget.spent()) and (options.trials is None or finished(study) < options.trials):
         started += 1

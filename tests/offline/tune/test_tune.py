@@ -99,6 +99,40 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path, capsys: pytest.Captur
     assert "\n" not in err
 
 
+@pytest.mark.parametrize(("fix", "message"), [
+    ("d_model=16", "--fix d_model=16: not one of 32, 64, 128"),
+    ("alpha=0.5", "--fix alpha: not searched for this config (transformer)"),
+    ("n_layers=7", "--fix n_layers=7: not a whole number from 1 to 3"),
+    ("lr=1", "--fix lr=1: not a number from 0.0003 to 0.003"),
+])
+def test_a_pin_outside_the_space_is_refused_before_any_trial(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                             fix: str, message: str) -> None:
+    """Optuna failed the first trial on it: a traceback in its log, then an internal error."""
+    data = prepare_tiny(tmp_path / "data")
+    out = tmp_path / "o"
+    assert main(["tune", "--data", str(data), "--out", str(out), "--trials", "1", "--fix", fix, *BASE]) == 1
+    assert capsys.readouterr().err.strip() == f"seqrec: error: {message}"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("storage", "shown", "reason"), [
+    ("sqlite:////no/such/folder/study.db", "sqlite:////no/such/folder/study.db", "unable to open database file"),
+    ("postgresql://tuner:s3cret@127.0.0.1:1/optuna", "postgresql://tuner:***@127.0.0.1:1/optuna",
+     "Failed to import DB access module"),  # no driver installed
+    ("not-a-url", "not-a-url", "Could not parse SQLAlchemy URL"),
+])
+def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, storage: str,
+                                                     shown: str, reason: str) -> None:
+    data = prepare_tiny(tmp_path / "data")
+    assert main(["tune", "--data", str(data), "--out", str(tmp_path / "o"), "--trials", "1", "--storage", storage,
+                 *PINS, *BASE]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"seqrec: error: --storage {shown}: cannot open the study: "), err
+    assert reason in err
+    assert "\n" not in err  # neither a traceback nor Optuna's experimental-feature warnings
+    assert "s3cret" not in err
+
+
 def test_an_out_that_holds_a_dataset_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # the search wrote its study, trials and best.yaml into the dataset's folder
     data = prepare_tiny(tmp_path / "data")
