@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tqdm import tqdm
 
 from offline.data.readers import check_dataset
-from offline.jobs.versions import VERSIONS, prune_versions, switch_current
+from offline.jobs.versions import VERSIONS, pipeline_lock, prune_versions, switch_current
 from offline.tables import markdown_table
 from offline.tune.section import TuneSection, keep_report
 from ranker.config import RankerSection
@@ -215,33 +215,34 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
     if warm_start:
         config = config.model_copy(update={"warm_start": True})
     artifacts.mkdir(parents=True, exist_ok=True)
-    run = resume_run(artifacts, config) if resume else None
-    if run is not None:
-        log.info("resuming %s after %s", run.folder, ", ".join(run.state.stages) or "nothing")
-    else:
-        if resume:
-            log.info("no unfinished run of %s under %s: starting a new one", config.name, artifacts)
-        run = new_run(artifacts, config, config_path)
-    stages: dict[str, Callable[[Run, PipelineConfig, int | None], dict[str, Any]]] = {
-        "prepare": _prepare, "train": _train, "export": _export, "mine": _mine, "train-ranker": _train_ranker,
-        "evaluate": _evaluate, "publish": lambda r, c, _: _publish(r, c, artifacts)}
-    bar = tqdm(STAGES, desc="pipeline", unit="stage", disable=None)
-    for name in bar:
-        bar.set_postfix_str(name)
-        if run.done(name):
-            continue
-        if name in ("mine", "train-ranker") and config.ranker.kind == "none":
-            run.finish(name, 0.0, skipped=True)
-            continue
-        log.info("stage %d/%d: %s", STAGES.index(name) + 1, len(STAGES), name)
-        start = time.perf_counter()
-        info = stages[name](run, config, threads)
-        run.finish(name, time.perf_counter() - start, **info)
-    bar.close()
-    summary = _summary(run)
-    prune_versions(artifacts, config.keep)
-    shutil.rmtree(run.folder, ignore_errors=True)  # everything needed is in the published bundle
-    return summary
+    with pipeline_lock(artifacts):  # one run per artifacts folder at a time
+        run = resume_run(artifacts, config) if resume else None
+        if run is not None:
+            log.info("resuming %s after %s", run.folder, ", ".join(run.state.stages) or "nothing")
+        else:
+            if resume:
+                log.info("no unfinished run of %s under %s: starting a new one", config.name, artifacts)
+            run = new_run(artifacts, config, config_path)
+        stages: dict[str, Callable[[Run, PipelineConfig, int | None], dict[str, Any]]] = {
+            "prepare": _prepare, "train": _train, "export": _export, "mine": _mine, "train-ranker": _train_ranker,
+            "evaluate": _evaluate, "publish": lambda r, c, _: _publish(r, c, artifacts)}
+        bar = tqdm(STAGES, desc="pipeline", unit="stage", disable=None)
+        for name in bar:
+            bar.set_postfix_str(name)
+            if run.done(name):
+                continue
+            if name in ("mine", "train-ranker") and config.ranker.kind == "none":
+                run.finish(name, 0.0, skipped=True)
+                continue
+            log.info("stage %d/%d: %s", STAGES.index(name) + 1, len(STAGES), name)
+            start = time.perf_counter()
+            info = stages[name](run, config, threads)
+            run.finish(name, time.perf_counter() - start, **info)
+        bar.close()
+        summary = _summary(run)
+        prune_versions(artifacts, config.keep)
+        shutil.rmtree(run.folder, ignore_errors=True)  # everything needed is in the published bundle
+        return summary
 
 
 def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,37 @@ def test_old_versions_are_pruned_but_never_current(tmp_path: Path) -> None:
     (kept,) = _versions(artifacts)
     assert (artifacts / "current").resolve().name == kept
     assert not (artifacts / "current" / "ranker").exists()  # kind none: a retriever-only bundle
+
+
+def test_a_second_run_on_the_same_folder_is_refused_until_the_first_ends(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """Two runs on one ARTIFACTS (a cron job overlapping a slow one) would resume the same work folder; the second
+    is refused while another process holds the folder, and a holder killed with SIGKILL leaves no stale lock."""
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from offline.jobs.versions import pipeline_lock\n"
+         "with pipeline_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(300)", str(artifacts)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        config = _config(tmp_path, kind="none")
+        assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "--resume", "-q"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert err[0].startswith(f"seqrec: error: {artifacts}: another seqrec pipeline holds it (pid {holder.pid}, "
+                                 "since 20")
+        assert err[0].endswith("); wait for that run to end, or choose another --out")
+        assert not (artifacts / "work").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "--resume", "-q"]) == 0
+    assert len(_versions(artifacts)) == 1
 
 
 def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
