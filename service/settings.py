@@ -66,7 +66,12 @@ class Settings(BaseSettings):
                                      "in-process history store is per process)")
     reload_poll_s: float | None = Field(None, ge=0, le=3600, description="seconds between each worker's checks "
                                         "of `current` (0 = never); default: 2 with several workers, else 0")
-    log_level: str = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"  # uvicorn's levels
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, level: object) -> object:
+        return level.lower() if isinstance(level, str) else level  # LOG_LEVEL=INFO as well as info
 
     @field_validator("redis_url")
     @classmethod

@@ -101,6 +101,19 @@ def test_serve_names_an_invalid_setting_alone(bundle: Path, options: list[str], 
     assert capsys.readouterr().err.strip().splitlines() == [f"seqrec: error: invalid settings: {message}"]
 
 
+def test_the_log_level_is_checked_and_takes_any_case(bundle: Path, capsys: pytest.CaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.settings import Settings
+
+    monkeypatch.setenv("SEQREC_LOG_LEVEL", "loud")  # it was an internal error (KeyError) inside uvicorn
+    assert main(["serve", "--artifacts", str(bundle)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "seqrec: error: invalid settings: SEQREC_LOG_LEVEL: Input should be 'critical', 'error', 'warning', 'info', "
+        "'debug' or 'trace'"]
+    monkeypatch.setenv("SEQREC_LOG_LEVEL", "WARNING")  # uvicorn knows only lower case
+    assert Settings().log_level == "warning"
+
+
 def test_a_worker_that_fails_to_start_is_an_error() -> None:
     # uvicorn's supervisor stops the other workers and returns normally: exit 0 while nothing serves
     code = ("import uvicorn; from offline.cli.serve import run_workers; from retriever.errors import SeqrecError\n"
