@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from offline.cli.common import default_configs_dir, parse_names
+from offline.cli.common import at_least, default_configs_dir, parse_names
 from ranker.config import mlp_default, ranker_default
 
 SubParsers = argparse._SubParsersAction  # argparse exposes no public name for it
@@ -41,15 +41,15 @@ def _add_shorthands(p: argparse.ArgumentParser) -> None:
 
 def _add_load_window(p: argparse.ArgumentParser, *, duration_help: str, warmup_help: str) -> None:
     """The open-loop load's measured seconds and the warm-up before them."""
-    p.add_argument("--duration", type=float, default=10.0, help=duration_help)
-    p.add_argument("--warmup", type=float, default=2.0, help=warmup_help)
+    p.add_argument("--duration", type=at_least(0, float, strict=True), default=10.0, help=duration_help)
+    p.add_argument("--warmup", type=at_least(0, float), default=2.0, help=warmup_help)
 
 
 def _add_bodies(p: argparse.ArgumentParser, *, min_len: int, max_len: int, what: str) -> None:
     """The load's distinct request bodies and their history lengths (``what``: "history", "request history")."""
-    p.add_argument("--requests", type=int, default=500, help="distinct request bodies")
-    p.add_argument("--min-len", type=int, default=min_len, help=f"shortest {what}")
-    p.add_argument("--max-len", type=int, default=max_len, help=f"longest {what}")
+    p.add_argument("--requests", type=at_least(1), default=500, help="distinct request bodies")
+    p.add_argument("--min-len", type=at_least(1), default=min_len, help=f"shortest {what}")
+    p.add_argument("--max-len", type=at_least(1), default=max_len, help=f"longest {what}")
 
 
 def _add_seed(p: argparse.ArgumentParser) -> None:
@@ -142,26 +142,29 @@ def _add_serve(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     srv.add_argument("--out", type=Path, required=True, help="folder for serve.{json,md}")
     srv.add_argument("--rates", default="50,100,150,200,300,400,600,800,1200,1600,2400,3200,4800",
                      help="offered rates (requests/s), stepped up until one fails the target")
-    srv.add_argument("--check-rate", type=float, default=100.0, help="the rate whose p99 is reported")
+    srv.add_argument("--check-rate", type=at_least(0, float, strict=True), default=100.0,
+                     help="the rate whose p99 is reported")
     _add_load_window(srv, duration_help="seconds measured per rate", warmup_help="seconds per rate before measuring")
     srv.add_argument("--arrivals", choices=["poisson", "uniform"], default="poisson")
-    srv.add_argument("--timeout", type=float, default=2.0, help="request timeout (counts as an error)")
+    srv.add_argument("--timeout", type=at_least(0, float, strict=True), default=2.0,
+                     help="request timeout (counts as an error)")
     _add_bodies(srv, min_len=50, max_len=200, what="history")
-    srv.add_argument("--k", type=int, default=10)
-    srv.add_argument("--candidates", type=int, default=200)
+    srv.add_argument("--k", type=at_least(1), default=10)
+    srv.add_argument("--candidates", type=at_least(1), default=200)
     srv.add_argument("--no-rerank", action="store_true", help="retrieval only")
     srv.add_argument("--personalize", action="store_true", help="every request asks for PCRec-simple")
-    srv.add_argument("--threads", type=int, default=1, help="server torch threads")
-    srv.add_argument("--max-batch", type=int, default=32, help="server micro-batch size")
-    srv.add_argument("--max-wait-ms", type=float, default=0.0, help="server micro-batch extra wait (0 = adaptive)")
-    srv.add_argument("--workers", type=int, default=1, help="uvicorn workers of both apps (SEQREC_WORKERS)")
+    srv.add_argument("--threads", type=at_least(1), default=1, help="server torch threads")
+    srv.add_argument("--max-batch", type=at_least(1), default=32, help="server micro-batch size")
+    srv.add_argument("--max-wait-ms", type=at_least(0, float), default=0.0,
+                     help="server micro-batch extra wait (0 = adaptive)")
+    srv.add_argument("--workers", type=at_least(1), default=1, help="uvicorn workers of both apps (SEQREC_WORKERS)")
     srv.add_argument("--concurrency", type=int, default=None,
                      help="batches the server runs at once (SEQREC_CONCURRENCY; default: the service's)")
-    srv.add_argument("--cpu-rate", type=float, default=10.0,
+    srv.add_argument("--cpu-rate", type=at_least(0, float, strict=True), default=10.0,
                      help="rate of the run whose server CPU time per request is reported (one both apps keep up with)")
     srv.add_argument("--server-code", type=Path, default=None,
                      help="run both servers from this source tree (another version of seqrec, to compare with)")
-    srv.add_argument("--check-answers", type=int, default=200,
+    srv.add_argument("--check-answers", type=at_least(0), default=200,
                      help="bodies sent alone after the load and checked against the in-process reference path")
     _add_seed(srv)
     srv.set_defaults(handler=_run_serve)
@@ -242,8 +245,9 @@ def _add_parity(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     )
     par.add_argument("--artifact", type=Path, required=True, help="the bundle to serve and evaluate")
     par.add_argument("--data", type=Path, required=True, help="prepared folder the bundle was trained on")
-    par.add_argument("--k", type=int, default=10, help="items per list (NDCG cut-off)")
-    par.add_argument("--ready-timeout", type=float, default=120.0, help="seconds the server may take to start")
+    par.add_argument("--k", type=at_least(1), default=10, help="items per list (NDCG cut-off)")
+    par.add_argument("--ready-timeout", type=at_least(0, float, strict=True), default=120.0,
+                     help="seconds the server may take to start")
     par.set_defaults(handler=_run_parity)
 
 

@@ -61,6 +61,20 @@ def set_threads(n: int | None) -> None:
         threadpool_limits(n, user_api="blas")  # numpy's BLAS (the ranker's features), which defaults to every core
 
 
+def at_least(low: float, kind: Callable[[str], Any] = int, *, strict: bool = False) -> Callable[[str], Any]:
+    """An argparse type: ``kind(text)`` that is >= ``low`` (> with ``strict``); argparse names the flag."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text}")
+        return value
+
+    return parse
+
+
 def parse_names(text: str) -> tuple[str, ...]:
     """A comma-separated list of names ("" = none)."""
     return tuple(name.strip() for name in text.split(",") if name.strip())

@@ -146,3 +146,16 @@ def test_configs_are_looked_up_in_the_working_folder_then_in_what_seqrec_ships(t
     assert build_parser().parse_args(["bench", "--data", "d", "--out", "o"]).configs_dir == shipped
     (tmp_path / "configs").mkdir()
     assert default_configs_dir() == Path("configs")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "parity", "--artifact", "a", "--data", "d", "--k", "0"], "argument --k: must be >= 1, got 0"),
+    (["bench", "serve", "--artifact", "a", "--out", "o", "--duration", "0"], "argument --duration: must be > 0, got 0"),
+    (["bench", "serve", "--artifact", "a", "--out", "o", "--requests", "x"], "argument --requests: not a number: 'x'"),
+])
+def test_bench_sizes_are_checked_when_parsed(argv, message, capsys):
+    """`bench parity --k 0` started a server and then failed with an internal error on its first 422."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
