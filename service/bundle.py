@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -171,6 +172,8 @@ def resolve_bundle(artifacts: Path) -> Path:
     current = artifacts / CURRENT
     if current.exists():
         return current.resolve()
+    if current.is_symlink():  # a version deleted by hand, or a folder moved without its versions/
+        raise BundleError(f"{current} points at {os.readlink(current)}, which does not exist")
     if (artifacts / "manifest.json").is_file():
         return artifacts.resolve()
     if not artifacts.exists():

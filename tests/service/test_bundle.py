@@ -28,6 +28,12 @@ def test_resolve_names_what_is_missing(tmp_path: Path) -> None:
     assert "did you mean" not in str(info.value)
 
 
+def test_a_dangling_current_says_where_it_points(tmp_path: Path) -> None:
+    (tmp_path / "current").symlink_to("versions/gone", target_is_directory=True)
+    with pytest.raises(BundleError, match=r"current points at versions/gone, which does not exist$"):
+        resolve_bundle(tmp_path)
+
+
 def test_an_artifacts_folder_one_level_down_is_named(bundle: Path, tmp_path: Path) -> None:
     """`seqrec demo` publishes into artifacts/demo while `seqrec serve` reads artifacts by default."""
     (tmp_path / "demo").mkdir()
