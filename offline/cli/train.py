@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from offline.cli.common import Subparsers, parse_ks, print_json
+from offline.cli.common import Subparsers, at_least, parse_ks, print_json
 from retriever.atomic import refuse_seqrec_folder
 from retriever.errors import SeqrecError
 from retriever.repeats import REPEATS
@@ -128,12 +128,12 @@ def add_evaluate_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
     what.add_argument("--artifact", type=Path, help="a retriever artifact (from `seqrec train`)")
     p.add_argument("--data", type=Path, required=True, help="prepared folder (from `seqrec prepare`)")
     p.add_argument("--ks", default="1,5,10,20,50", help="cut-offs, comma separated")
-    p.add_argument("--batch-size", type=int, default=None, help="users per batch (default: by memory)")
+    p.add_argument("--batch-size", type=at_least(1), default=None, help="users per batch (default: by memory)")
     p.add_argument("--no-index", action="store_true", help="skip the FAISS-index evaluation")
     p.add_argument("--stage", choices=["auto", "retriever", "two-stage"], default="auto",
                    help="with --artifact: the whole bundle (two-stage when it holds a ranker; the default) or the "
                    "retriever alone")
-    p.add_argument("--candidates", "--depth", dest="candidates", type=int, default=None,
+    p.add_argument("--candidates", "--depth", dest="candidates", type=at_least(1), default=None,
                    help="two-stage: retriever candidates per user, the service's `candidates` (default: the depth "
                    "the ranker was mined, trained and selected at; a deeper one is measured here, never trained on)")
     p.add_argument("--mask-ids", action="store_true",

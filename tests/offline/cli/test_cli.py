@@ -152,8 +152,10 @@ def test_configs_are_looked_up_in_the_working_folder_then_in_what_seqrec_ships(t
     (["bench", "parity", "--artifact", "a", "--data", "d", "--k", "0"], "argument --k: must be >= 1, got 0"),
     (["bench", "serve", "--artifact", "a", "--out", "o", "--duration", "0"], "argument --duration: must be > 0, got 0"),
     (["bench", "serve", "--artifact", "a", "--out", "o", "--requests", "x"], "argument --requests: not a number: 'x'"),
+    (["evaluate", "--artifact", "a", "--data", "d", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    (["evaluate", "--artifact", "a", "--data", "d", "--depth", "-1"], "argument --candidates/--depth: must be >= 1"),
 ])
-def test_bench_sizes_are_checked_when_parsed(argv, message, capsys):
+def test_sizes_are_checked_when_parsed(argv, message, capsys):
     """`bench parity --k 0` started a server and then failed with an internal error on its first 422."""
     with pytest.raises(SystemExit) as info:
         main(argv)
