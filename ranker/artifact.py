@@ -41,7 +41,7 @@ from ranker.mlp import MLPRanker
 from ranker.times import TIMES_FILE, TimeTable
 from retriever.artifact import ArtifactError
 from retriever.atomic import atomic_write, replace_dir, sha256_file
-from retriever.errors import validation_message
+from retriever.errors import first_line, validation_message
 from retriever.manifest import RetrieverManifest
 
 FORMAT = "seqrec.ranker/1"
@@ -225,7 +225,7 @@ def load_ranker(bundle: Path, retriever_manifest: RetrieverManifest) -> RankerAr
     try:
         ranker = RANKERS[kind].load(folder, manifest.config)
     except (RuntimeError, OSError, ValueError, KeyError, TypeError) as err:
-        raise ArtifactError(folder, f"ranker weights do not load: {str(err).splitlines()[0]}") from None
+        raise ArtifactError(folder, f"ranker weights do not load: {first_line(err)}") from None
     return RankerArtifact(folder, manifest, ranker, tables, _load_cooc(folder, manifest, tables.n_items),
                           _load_times(folder, manifest, tables.n_items))
 

@@ -39,7 +39,7 @@ from retriever import seqrec_version
 from retriever.atomic import atomic_torch_save, atomic_write, replace_dir, sha256_file, write_jsonl
 from retriever.compiled import ENCODER_FILE, OPSET, write_encoder
 from retriever.config import RunConfig, config_from_dict
-from retriever.errors import RetrieverError, validation_message, wrong_manifest
+from retriever.errors import RetrieverError, first_line, validation_message, wrong_manifest
 from retriever.index import IndexSpec, build_index, load_index, normalize, save_index
 from retriever.manifest import FORMAT, RetrieverManifest
 from retriever.model import Retriever
@@ -238,14 +238,14 @@ def load_artifact(path: str | Path, *, with_index: bool = True, verify: bool = T
         state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
         model.load_state_dict(state)
     except (RuntimeError, OSError, EOFError, ValueError) as err:  # shape mismatch, truncated or foreign file
-        raise ArtifactError(path / WEIGHTS, f"does not fit the config's model: {_first_line(err)}") from None
+        raise ArtifactError(path / WEIGHTS, f"does not fit the config's model: {first_line(err)}") from None
     model.to(device).eval()
     index = None
     if with_index:
         try:
             index = load_index(path / INDEX, IndexSpec.from_dict(manifest.index))
         except (RuntimeError, ValueError) as err:
-            raise ArtifactError(path / INDEX, f"unreadable index: {_first_line(err)}") from None
+            raise ArtifactError(path / INDEX, f"unreadable index: {first_line(err)}") from None
         if index.ntotal != n_items or index.d != manifest.dim:
             raise ArtifactError(path / INDEX, f"holds {index.ntotal} vectors of dim {index.d}; "
                                 f"expected {n_items} of dim {manifest.dim}")
@@ -302,5 +302,3 @@ def _git_sha() -> str | None:
     return lines[1]
 
 
-def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

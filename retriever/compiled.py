@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from retriever.atomic import atomic_write
+from retriever.errors import first_line
 from retriever.model import Retriever
 from retriever.windows import row_groups
 
@@ -68,7 +69,7 @@ def export_onnx(module: nn.Module, example: Sequence[Tensor], inputs: Sequence[s
                                   output_names=[output], dynamic_axes={k: dict(v) for k, v in dynamic.items()},
                                   opset_version=OPSET)
         except Exception as err:  # the exporter raises many types; any of them means "stays eager"
-            raise ExportRefused(f"the exporter failed: {type(err).__name__}: {_first_line(err)}") from None
+            raise ExportRefused(f"the exporter failed: {type(err).__name__}: {first_line(err, limit=300)}") from None
         data = file.read_bytes()
     for warning in caught:
         if issubclass(warning.category, torch.jit.TracerWarning) and _ours(warning.filename):
@@ -157,7 +158,7 @@ def load_encoder(folder: Path, model: Retriever, max_len: int, *, threads: int =
     try:
         encoder = OnnxEncoder(session(source, threads))
     except Exception as err:  # onnxruntime's own exception types; a file it cannot load stays eager
-        raise ExportRefused(f"ONNX Runtime cannot load it: {_first_line(err)}") from None
+        raise ExportRefused(f"ONNX Runtime cannot load it: {first_line(err, limit=300)}") from None
     check_encoder(encoder, model, max_len)
     return encoder
 
@@ -185,7 +186,7 @@ def check_encoder(encoder: Callable[[Tensor], Tensor], model: Retriever, max_len
         try:
             got = encoder(ids)
         except Exception as err:  # a runtime failure on a shape is a refusal like a mismatch
-            raise ExportRefused(f"it fails on a {tuple(ids.shape)} batch: {_first_line(err)}") from None
+            raise ExportRefused(f"it fails on a {tuple(ids.shape)} batch: {first_line(err, limit=300)}") from None
         gap = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
         if not gap <= PARITY_ATOL:
             raise ExportRefused(f"its user vectors differ from eager by {gap:.2g} on a {tuple(ids.shape)} batch "
@@ -195,8 +196,3 @@ def check_encoder(encoder: Callable[[Tensor], Tensor], model: Retriever, max_len
 def _ours(filename: str) -> bool:
     path = Path(filename).resolve()
     return path.is_relative_to(_REPO) and ".venv" not in path.parts and "site-packages" not in path.parts
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__

@@ -15,6 +15,13 @@ class RetrieverError(SeqrecError, ValueError):
     """A retriever config or model that cannot be used (also a ValueError, as it always was)."""
 
 
+def first_line(err: BaseException, limit: int | None = None) -> str:
+    """An exception's message cut to its first line (at most ``limit`` characters), or its type's name when it
+    has none: errors are one line on stderr, and a library's message may run to a traceback's length."""
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else type(err).__name__
+
+
 def validation_message(err: ValidationError, *, prefix: str = "", upper: bool = False) -> str:
     """One line for a pydantic error: ``loc.path: msg; other.loc: msg`` (``prefix`` before each location,
     locations upper-cased with ``upper``, as environment variable names are)."""

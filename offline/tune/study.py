@@ -37,7 +37,7 @@ from offline.tune.section import Clock, TuneSection
 from offline.tune.space import PARAMS, DataShape, fixed_problems, suggest
 from retriever.checkpoint import SELECTION_METRIC, load_weights
 from retriever.config import RunConfig, config_from_dict, load_config
-from retriever.errors import SeqrecError
+from retriever.errors import SeqrecError, first_line
 from retriever.model import Retriever
 from retriever.repeats import resolve_repeats
 from retriever.train import Validate, fit
@@ -192,8 +192,7 @@ def open_study(out: Path, options: TuneOptions, identity: dict[str, Any]) -> opt
         study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize", sampler=sampler,
                                     pruner=pruner, load_if_exists=True)
     except (ImportError, ValueError, sqlalchemy.exc.SQLAlchemyError) as err:  # a path, a driver, a server
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SeqrecError(f"--storage {redact_url(url)}: cannot open the study: {reason}") from None
+        raise SeqrecError(f"--storage {redact_url(url)}: cannot open the study: {first_line(err)}") from None
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
