@@ -38,7 +38,10 @@ from retriever.windows import row_groups
 ENCODER_FILE = "encoder.onnx"
 OPSET = 18
 PARITY_ATOL = 1e-4
-_REPO = Path(__file__).resolve().parent.parent  # a TracerWarning raised from here is our control flow
+# A TracerWarning raised from seqrec's own packages is our control flow. They sit under one root in a checkout
+# (the repository) and in an install (site-packages), beside other libraries there.
+_ROOT = Path(__file__).resolve().parents[1]
+_PACKAGES = ("retriever", "ranker", "service", "offline", "tests")  # tests: modules the test suite exports
 
 
 class ExportRefused(Exception):
@@ -73,7 +76,7 @@ def export_onnx(module: nn.Module, example: Sequence[Tensor], inputs: Sequence[s
         data = file.read_bytes()
     for warning in caught:
         if issubclass(warning.category, torch.jit.TracerWarning) and _ours(warning.filename):
-            where = f"{Path(warning.filename).resolve().relative_to(_REPO)}:{warning.lineno}"
+            where = f"{Path(warning.filename).resolve().relative_to(_ROOT)}:{warning.lineno}"
             raise ExportRefused(f"the trace depends on tensor values at {where} "
                                 f"({str(warning.message).split('.')[0]})")
     return data
@@ -194,5 +197,7 @@ def check_encoder(encoder: Callable[[Tensor], Tensor], model: Retriever, max_len
 
 
 def _ours(filename: str) -> bool:
+    """Whether the file is seqrec's: the checkout's .venv and an install's site-packages hold torch too, and an
+    installed seqrec is itself under site-packages (refusing every path there let its own warnings through)."""
     path = Path(filename).resolve()
-    return path.is_relative_to(_REPO) and ".venv" not in path.parts and "site-packages" not in path.parts
+    return path.is_relative_to(_ROOT) and path.relative_to(_ROOT).parts[0] in _PACKAGES

@@ -173,3 +173,18 @@ def test_row_groups_cut_each_group_to_its_longest_history_and_keep_one_group_a_s
     near = ids[[0, 2]]  # 200 and 195: padding (5 x 2) costs less than another call
     assert row_groups(near, 16) == [(slice(None), 0)]
     assert row_groups(ids[[1, 3]], 16) == [(slice(None), 195)]  # one group, cut to its longest (5)
+
+
+def test_our_trace_warnings_are_told_apart_in_a_checkout_and_in_an_install(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TracerWarning from seqrec's code refuses the export. Installed, seqrec lives under site-packages beside
+    torch; every path there was taken for a library's, so our own value-dependent traces went unrefused."""
+    from retriever import compiled
+
+    assert compiled._ours(compiled.__file__)
+    assert not compiled._ours(torch.__file__)
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    monkeypatch.setattr(compiled, "_ROOT", site)
+    assert compiled._ours(str(site / "retriever" / "backbones" / "bsarec.py"))
+    assert not compiled._ours(str(site / "torch" / "nn" / "modules" / "module.py"))
+    assert not compiled._ours(str(tmp_path / "elsewhere.py"))
