@@ -76,9 +76,10 @@ def _train(args: argparse.Namespace) -> int:
 def add_export_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "export", parents=[common], help="rebuild an artifact's FAISS index (exact, HNSW or IVF)",
-        description="Write the artifact's L2-normalised item vectors into a new FAISS index and update the "
-        "manifest's checksum, in a staged copy that then replaces the folder, so a server reloading it never meets "
-        "half an export. Exact inner product (flat) by default; hnsw or ivf for large catalogues.",
+        description="Write the artifact's item vectors (unit for cosine models, raw for dot-product ones) into a "
+        "new FAISS index and update the manifest's checksum, in a staged copy that then replaces the folder, so a "
+        "server reloading it never meets half an export. Exact inner product (flat) by default; hnsw or ivf for "
+        "large catalogues.",
     )
     p.add_argument("--artifact", type=Path, required=True, help="retriever artifact folder")
     p.add_argument("--index", choices=["flat", "hnsw", "ivf", "auto"], default="flat",
