@@ -13,7 +13,7 @@
 # 4. `docker compose up` with docker-compose.yml plus docker/compose.local.yml (host network;
 #    ports below), the trainer on configs/pipeline/demo.yaml (the demo pipeline);
 # 5. waits for a 200 from POST /recommend through the lb, sends POST /events through it, checks
-#    that /readyz reports a reachable Redis; 6. `docker compose down -v`.
+#    that /readyz reports a reachable, writable Redis; 6. `docker compose down -v`.
 # Each step prints its time; the first failure stops the run (exit 1) with the containers' logs.
 # --measure: builds the image without the cache, and after step 5 takes `docker stats` and the
 # api's latency at 50 r/s through the lb, then straight to the api (offline/bench/docker_smoke.py,
@@ -265,7 +265,7 @@ events() {
 readyz() {
     curl -sS -o "$WORK/readyz.json" "$LB/readyz" || return 1
     cat "$WORK/readyz.json"; echo
-    grep -q '"store":{"kind":"redis","reachable":true}' "$WORK/readyz.json"
+    grep -q '"store":{"kind":"redis","reachable":true,"writable":true}' "$WORK/readyz.json"
 }
 
 measure() {

@@ -21,7 +21,8 @@ Two stores share one protocol and one behaviour (one contract test runs both):
   its newest cut timestamp, so a replayed old event is still known as a duplicate). An append is one Lua script
   (`service.store_lua`): atomic, one round trip. Lists written before the seen set existed read as they are
   (their items count as seen); the seen set starts with the first event appended after the upgrade. No
-  migration step is needed.
+  migration step is needed. ``GET /readyz`` also sets ``{prefix}probe`` (expires in 10 s) to learn whether
+  Redis takes writes.
 - ``MemoryStore``: the in-process default when no Redis URL is configured (one process, lost on restart).
 
 Any failure to reach Redis (refused, reset, timeout, still loading its dataset, out of pooled connections)
@@ -35,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -119,6 +121,11 @@ class HistoryStore(Protocol):
 
     async def ping(self) -> bool:
         """True when the store answers; never raises."""
+        ...
+
+    async def writable(self) -> bool:
+        """True when the store takes writes; never raises. A Redis that is full under ``noeviction`` or a
+        read-only replica answers PING and serves reads, but refuses every event."""
         ...
 
     async def close(self) -> None: ...
@@ -228,6 +235,9 @@ class MemoryStore:
         return self._records.pop(user_id, None) is not None
 
     async def ping(self) -> bool:
+        return True
+
+    async def writable(self) -> bool:
         return True
 
     async def close(self) -> None:
@@ -358,12 +368,21 @@ class RedisStore:
         _check_user(user_id)
         window_key, seen_key, _ = self._keys(user_id)
         with self._unavailable_as_store_error():
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.lrange(window_key, 0, -1)
-                pipe.zrange(seen_key, 0, -1)
-                raw_entries, seen = await pipe.execute()
+            try:
+                raw_entries, seen = await self._read_keys(window_key, seen_key, transaction=True)
+            except rex.OutOfMemoryError:
+                # Past maxmemory Redis refuses to queue any MULTI block, reads included. Full under noeviction
+                # it refuses every write too (only deletions get through, and a deleted window's items stay
+                # seen by the union below), so the two reads without MULTI still see one history.
+                raw_entries, seen = await self._read_keys(window_key, seen_key, transaction=False)
         events = _decode_window(raw_entries, user_id)
         return UserHistory(events, frozenset(i.decode() for i in seen).union(e.item_id for e in events))
+
+    async def _read_keys(self, window_key: str, seen_key: str, *, transaction: bool) -> list[Any]:
+        async with self._redis.pipeline(transaction=transaction) as pipe:
+            pipe.lrange(window_key, 0, -1)
+            pipe.zrange(seen_key, 0, -1)
+            return list(await pipe.execute())
 
     async def delete(self, user_id: str) -> bool:
         _check_user(user_id)
@@ -373,6 +392,14 @@ class RedisStore:
     async def ping(self) -> bool:
         try:
             return bool(await self._redis.ping())
+        except (rex.RedisError, OSError):
+            return False
+
+    async def writable(self) -> bool:
+        """A real write (a probe key under the prefix that expires in 10 s): Redis refuses it exactly when it
+        would refuse an event (maxmemory reached under noeviction, READONLY replica, a lost connection)."""
+        try:
+            return bool(await self._redis.set(f"{self.prefix}probe", str(os.getpid()), px=10_000))
         except (rex.RedisError, OSError):
             return False
 

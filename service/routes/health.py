@@ -1,5 +1,5 @@
-"""``GET /healthz`` (the process is up), ``/readyz`` (what it serves, and whether the store answers) and
-``/metrics`` (Prometheus)."""
+"""``GET /healthz`` (the process is up), ``/readyz`` (what it serves, whether the store answers and takes
+writes) and ``/metrics`` (Prometheus)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz")
 async def readyz(engine: EngineDep, store: StoreDep) -> dict[str, Any]:
     reachable = await store.ping()
-    return {"status": "ready" if reachable else "degraded", **engine.bundle.describe(),
-            "store": {"kind": store.name, "reachable": reachable}, "worker": os.getpid(),
+    writable = reachable and await store.writable()
+    return {"status": "ready" if writable else "degraded", **engine.bundle.describe(),
+            "store": {"kind": store.name, "reachable": reachable, "writable": writable}, "worker": os.getpid(),
             "seqrec_version": seqrec_version()}
 
 

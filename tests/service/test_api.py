@@ -253,7 +253,7 @@ def test_health_and_readiness(client: httpx.Client, bundle: Path) -> None:
     assert client.get("/healthz").json() == {"status": "alive"}
     ready = client.get("/readyz").json()
     assert ready["status"] == "ready"
-    assert ready["store"] == {"kind": "memory", "reachable": True}
+    assert ready["store"] == {"kind": "memory", "reachable": True, "writable": True}
     assert ready["backbone"] == "transformer"
     assert ready["ranker"] == "lgbm"
     assert ready["max_len"] == 10

@@ -33,7 +33,7 @@ def test_events_then_recommend_by_user_id(redis_api: Server, module_redis_prefix
     with redis_api.client() as client:
         ready = client.get("/readyz").json()
         assert ready["status"] == "ready"
-        assert ready["store"] == {"kind": "redis", "reachable": True}
+        assert ready["store"] == {"kind": "redis", "reachable": True, "writable": True}
 
         assert client.post("/events", json={"user_id": user, "item_id": "i1", "timestamp": 10}).status_code == 200
         batch = {"events": [{"user_id": user, "item_id": i} for i in ("i2", "i3", "i999")]}
@@ -93,7 +93,7 @@ def test_redis_killed_and_restarted(bundle: Path, redis_server: RedisServer, tmp
         _unavailable(client.delete("/users/u1/history"))
         ready = _ok(client.get("/readyz"))
         assert ready["status"] == "degraded"
-        assert ready["store"] == {"kind": "redis", "reachable": False}
+        assert ready["store"] == {"kind": "redis", "reachable": False, "writable": False}
         assert client.get("/healthz").status_code == 200
 
         # the same port again (an empty Redis: nothing on disk); the API recovers at once, without a restart
@@ -105,3 +105,31 @@ def test_redis_killed_and_restarted(bundle: Path, redis_server: RedisServer, tmp
         assert answer["history_used"] == 1
         assert answer["fallback"] is None
         assert _ok(client.delete("/users/u1/history"))["deleted"] is True
+
+
+def test_a_full_redis_makes_readyz_degraded_not_writable(bundle: Path, redis_server: RedisServer,
+                                                          tmp_path: Path) -> None:
+    """maxmemory reached under noeviction: Redis still answers PING and reads, so `/readyz` used to say ready
+    while every event got 503. It now says degraded with writable false, and ready again once Redis has room."""
+    with serving(tmp_path / "api", artifacts=str(bundle), redis_url=redis_server.url,
+                 redis_timeout_ms="1000") as api, api.client() as client:
+        _ok(client.post("/events", json={"user_id": "u1", "item_id": "i5"}))
+        admin = redis.Redis.from_url(redis_server.url)
+        try:
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", "1")
+            refused = client.post("/events", json={"user_id": "u1", "item_id": "i7"})
+            assert refused.status_code == 503, refused.text
+            assert "refuses writes" in refused.json()["detail"]
+            ready = _ok(client.get("/readyz"))
+            assert ready["status"] == "degraded"
+            assert ready["store"] == {"kind": "redis", "reachable": True, "writable": False}
+            assert _ok(client.post("/recommend", json={"user_id": "u1", "k": 5}))["history_used"] == 1
+
+            admin.config_set("maxmemory", "0")
+            ready = _ok(client.get("/readyz"))
+            assert ready["status"] == "ready"
+            assert ready["store"] == {"kind": "redis", "reachable": True, "writable": True}
+            _ok(client.post("/events", json={"user_id": "u1", "item_id": "i7"}))
+        finally:
+            admin.close()

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from service.settings import Settings
 from service.store import Event, HistoryStore, MemoryStore, RedisStore, StoreUnavailable, make_store, redact_url
-from tests.service.support import SHARED_REDIS, RedisServer
+from tests.service.support import SHARED_REDIS, RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -214,7 +214,31 @@ async def test_a_full_redis_refuses_writes_and_still_serves_reads(redis_server: 
         with pytest.raises(StoreUnavailable, match="refuses writes"):
             await store.append_many([("u1", [Event("3")])], max_len=5)
         assert _ids(await store.history("u0")) == ["1", "2"]
+        window = await store.read("u0")  # what user_id-only /recommend reads: no MULTI block past maxmemory
+        assert (_ids(window.events), window.seen) == (["1", "2"], frozenset({"1", "2"}))
         assert await store.ping() is True
+        assert await store.writable() is False
+        async with aioredis.Redis.from_url(url) as admin:
+            await admin.config_set("maxmemory", "0")
+        assert await store.writable() is True
+    finally:
+        await store.close()
+
+
+async def test_a_read_only_replica_serves_reads_and_says_it_takes_no_writes(redis_server: RedisServer) -> None:
+    url = f"redis://127.0.0.1:{redis_server.port}/0"
+    store = RedisStore(url, prefix="t:", timeout_ms=1000)
+    try:
+        assert await store.append("u0", [Event("1"), Event("2")], max_len=5) == 2
+        assert await store.writable() is True
+        async with aioredis.Redis.from_url(url) as admin:
+            await admin.replicaof("127.0.0.1", str(free_port()))  # a master that never answers: stale reads
+        with pytest.raises(StoreUnavailable, match="refuses writes"):
+            await store.append("u0", [Event("3")], max_len=5)
+        window = await store.read("u0")
+        assert (_ids(window.events), window.seen) == (["1", "2"], frozenset({"1", "2"}))
+        assert await store.ping() is True
+        assert await store.writable() is False
     finally:
         await store.close()
 
