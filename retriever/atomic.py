@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +124,47 @@ def refuse_seqrec_folder(out: Path, flag: str = "--out") -> None:
     kind = folder_kind(out) if out.is_dir() else None
     if kind is not None:
         raise SeqrecError(f"{out} already holds {kind}; choose a new {flag}")
+
+
+@contextmanager
+def exclusive(lock: Path, refusal: Callable[[str], str]) -> Iterator[None]:
+    """Hold the file ``lock`` (flock) for the block, or raise SeqrecError(refusal(holder)) at once when another
+    process holds it; holder reads "pid N, since T". The kernel drops the lock when the process ends, however it
+    ends, so a killed run leaves none behind. On release the file goes, with the folders made for it when they
+    are left empty (a run refused on its input leaves nothing)."""
+    made = [folder for folder in (lock.parent, *lock.parent.parents) if not folder.exists()]
+    while True:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            handle = lock.open("a+")
+        except FileNotFoundError:  # a holder that just ended removed the folder between our mkdir and open
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise SeqrecError(refusal(holder)) from None
+        if _same_file(lock, handle.fileno()):
+            break
+        handle.close()  # locked a file its holder removed on release: lock the one now at the path
+    try:
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}\n")
+        handle.flush()
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # before the lock is released, so nobody locks a file about to go
+        handle.close()
+        for folder in made:
+            if folder.is_dir() and not any(folder.iterdir()):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+from contextlib import nullcontext
 from pathlib import Path
 
 from offline.cli.common import Subparsers, at_least, parse_ks, print_json
-from retriever.atomic import refuse_seqrec_folder
+from retriever.atomic import exclusive, refuse_seqrec_folder
 from retriever.errors import SeqrecError
 from retriever.repeats import REPEATS
+
+TRAIN_LOCK = "train.lock"  # in OUT/run, held by the run writing OUT
 
 
 def add_train_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -58,19 +61,33 @@ def _train(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     config = load_config(args.config, overrides)
-    if not args.resume:
-        refuse_seqrec_folder(args.out)
-    if (args.out / "run" / "last.pt").exists() and not args.resume:
-        raise SeqrecError(f"{args.out} holds an unfinished run; add --resume to continue it, or choose a new --out")
-    data = load_prepared(args.data)
-    manifest = train_retriever(config, data, args.out, resume=args.resume, index_spec=IndexSpec(kind=args.index),
-                               dist=dist, init_from=args.init_from)
-    if dist is not None and not dist.is_main:
+    _check_out(args.out, args.resume)  # before the lock creates OUT/run: a dataset's folder stays untouched
+    # One run per --out: two would interleave their checkpoints and files. Rank 0 of a torchrun job holds the
+    # lock for all its ranks, which share the folder.
+    main = dist is None or dist.is_main
+    def refusal(holder: str) -> str:
+        return (f"{args.out}: another seqrec train writes into it ({holder}); wait for that run to end, or choose "
+                "another --out")
+
+    with exclusive(args.out / "run" / TRAIN_LOCK, refusal) if main else nullcontext():
+        _check_out(args.out, args.resume)  # again under the lock: a run that ended meanwhile left its artifact
+        data = load_prepared(args.data)
+        manifest = train_retriever(config, data, args.out, resume=args.resume, index_spec=IndexSpec(kind=args.index),
+                                   dist=dist, init_from=args.init_from)
+    if not main:
         return 0
     summary = {"artifact": str(args.out), "version": manifest.version, "training": manifest.training,
                **manifest.metrics}
     print_json(summary)
     return 0
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    if resume:
+        return
+    refuse_seqrec_folder(out)
+    if (out / "run" / "last.pt").exists():
+        raise SeqrecError(f"{out} holds an unfinished run; add --resume to continue it, or choose a new --out")
 
 
 def add_export_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:

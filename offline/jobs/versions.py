@@ -6,15 +6,13 @@ symlink is only ever replaced by a rename, so a reader sees the old version or t
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 
-from retriever.errors import SeqrecError
+from retriever.atomic import exclusive
 
 VERSIONS, CURRENT = "versions", "current"
 LOCK = ".pipeline.lock"
@@ -23,24 +21,10 @@ LOCK = ".pipeline.lock"
 @contextmanager
 def pipeline_lock(artifacts: Path) -> Iterator[None]:
     """Hold ARTIFACTS/.pipeline.lock for one `seqrec pipeline` run: a second run on the same folder (a cron job
-    that overlaps a slow one) would resume the same work folder, or prune what the first is publishing. The
-    kernel drops the lock when the process ends, however it ends, so a killed run leaves none behind."""
-    with (artifacts / LOCK).open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise SeqrecError(f"{artifacts}: another seqrec pipeline holds it ({holder}); wait for that run to "
-                              "end, or choose another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            handle.truncate(0)
+    that overlaps a slow one) would resume the same work folder, or prune what the first is publishing."""
+    with exclusive(artifacts / LOCK, lambda holder: f"{artifacts}: another seqrec pipeline holds it ({holder}); "
+                   "wait for that run to end, or choose another --out"):
+        yield
 
 
 def switch_current(artifacts: Path, target: Path) -> None:

@@ -1,4 +1,5 @@
-"""replace_dir: a folder replaced as a whole, and never absent where the kernel can swap two paths."""
+"""replace_dir: a folder replaced as a whole, and never absent where the kernel can swap two paths; exclusive: one
+holder of a lock file at a time."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from retriever import atomic
-from retriever.atomic import replace_dir
+from retriever.atomic import exclusive, replace_dir
+from retriever.errors import SeqrecError
 
 
 def _folder(path: Path, text: str) -> Path:
@@ -92,3 +94,21 @@ def test_a_link_is_replaced_by_the_folder_and_its_target_kept(tmp_path: Path) ->
     assert (out / "manifest.json").read_text() == "new"
     assert (target / "manifest.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "target"]
+
+
+def test_exclusive_refuses_a_second_holder_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    lock = tmp_path / "out" / "run" / "x.lock"
+    with exclusive(lock, str):
+        assert lock.read_text().startswith(f"pid {os.getpid()}, since 20")
+        with pytest.raises(SeqrecError, match=f"^held by pid {os.getpid()}, since 20"), \
+                exclusive(lock, lambda holder: f"held by {holder}"):
+            pass  # flock is per open file: a second open in this process is refused like another process
+        assert lock.exists()  # the refused attempt removed nothing of the holder's
+    assert list(tmp_path.iterdir()) == []  # the file and the folders made for it
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with exclusive(kept / "x.lock", str):
+        (kept / "file").write_text("written under the lock")
+    assert [p.name for p in kept.iterdir()] == ["file"]
+    with exclusive(kept / "x.lock", str):  # taken again once released
+        pass

@@ -1,6 +1,8 @@
 """`seqrec train` -> `seqrec evaluate --artifact` -> `seqrec export`, through the real CLI."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 import torch
 
 from offline.cli import main
+from offline.cli.train import TRAIN_LOCK
 from offline.data.prepared import load_prepared
 from retriever.artifact import read_manifest
 from tests.tiny import TINY, prepare_tiny
@@ -187,6 +190,36 @@ def test_training_refuses_to_overwrite_and_reports_bad_config(artifact: Path, pr
     bad.write_text("model: [1, 2\n")
     assert main(["train", "--config", str(bad), "--data", str(prepared), "--out", str(tmp_path / "x")]) == 1
     assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_a_second_train_into_the_same_out_is_refused_while_the_first_runs(prepared: Path, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    """Two runs on one --out would interleave their checkpoints and artifact files (the loader then refuses the
+    folder on its checksums). The second is refused at once; a holder killed with SIGKILL leaves no stale lock."""
+    out = tmp_path / "a"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from retriever.atomic import exclusive\n"
+         "with exclusive(Path(sys.argv[1]), str):\n    print('held', flush=True); time.sleep(300)",
+         str(out / "run" / TRAIN_LOCK)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        for resume in ([], ["--resume"]):
+            assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, *resume, "-q"]) == 1
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1, err
+            assert err[0].startswith(f"seqrec: error: {out}: another seqrec train writes into it (pid {holder.pid}, "
+                                     "since 20")
+            assert err[0].endswith("); wait for that run to end, or choose another --out")
+        assert sorted(p.name for p in out.rglob("*")) == ["run", TRAIN_LOCK]  # nothing written beside the lock
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "-q"]) == 0
+    assert read_manifest(out).sha256 is not None
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
