@@ -44,6 +44,7 @@ from itertools import islice
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+import redis
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 from redis.asyncio.retry import Retry
@@ -56,16 +57,16 @@ from service.store_lua import APPEND
 log = logging.getLogger(__name__)
 
 # Errors that mean "the store cannot serve right now, try again later", as opposed to a bug or bad data.
-# ConnectionError covers refused/reset sockets, BusyLoadingError, MaxConnectionsError and the blocking pool's
-# "No connection available"; OSError covers socket errors redis-py lets through (and builtin TimeoutError).
-# A Redis that refuses writes (replica, maxmemory reached) is also a "retry later" for the client.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    rex.ConnectionError,
-    rex.TimeoutError,
-    rex.ReadOnlyError,
-    rex.OutOfMemoryError,
-    OSError,
-)
+# ConnectionError covers refused/reset sockets, BusyLoadingError, MaxConnectionsError, a refused password and
+# the blocking pool's "No connection available"; OSError covers socket errors redis-py lets through (and builtin
+# TimeoutError). A Redis that refuses writes (replica, maxmemory reached) is also a "retry later" for the client.
+# So is any other error Redis answers (a database number it lacks, an ACL that forbids the prefix's keys, a key
+# of another type under the prefix): the server's configuration is wrong, not the request, and `seqrec serve`
+# refuses to start on the first two.
+_REFUSED: tuple[type[BaseException], ...] = (rex.AuthenticationError, rex.AuthorizationError)
+_UNREACHABLE: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.TimeoutError, OSError)
+_STORE_ERRORS: tuple[type[BaseException], ...] = (*_UNREACHABLE, rex.RedisError)
+_REFUSES_WRITES: tuple[type[BaseException], ...] = (rex.ReadOnlyError, rex.OutOfMemoryError)
 
 
 class StoreUnavailable(SeqrecError):
@@ -280,6 +281,38 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+def redis_state(error: BaseException) -> str:
+    """What a Redis error says of the server, for a message: "is unreachable", "refuses writes" or "refused the
+    request" (an error it answered, such as a database number it lacks or an ACL's NOPERM)."""
+    if isinstance(error, _REFUSED):
+        return "refused the request"
+    if isinstance(error, _UNREACHABLE):
+        return "is unreachable"
+    return "refuses writes" if isinstance(error, _REFUSES_WRITES) else "refused the request"
+
+
+def refused_configuration(url: str, prefix: str, timeout_s: float = 2.0) -> str | None:
+    """Why Redis at ``url`` refuses this configuration, in one line: a password it rejects, a database number it
+    lacks, an ACL without the prefix's keys. Each would fail every request the same way, so `seqrec serve` stops
+    on it before it starts. None when Redis takes a probe write under the prefix (expiring in 10 s), or when it
+    only cannot for now (down, loading, full, a read-only replica): the service starts then, and answers 503 on
+    the store's routes until Redis is back."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        client.set(f"{prefix}probe", str(os.getpid()), px=10_000)
+    except _REFUSED as e:  # ConnectionErrors in redis-py: told apart before the transient ones
+        return str(e) or type(e).__name__
+    except (*_UNREACHABLE, *_REFUSES_WRITES) as e:
+        log.warning("Redis at %s %s now (%s); starting without it: the store's routes answer 503 until it is "
+                    "back", redact_url(url), redis_state(e), str(e) or type(e).__name__)
+        return None
+    except rex.RedisError as e:
+        return str(e) or type(e).__name__
+    finally:
+        client.close()
+    return None
+
+
 class RedisStore:
     """Histories in Redis lists, through redis-py's asyncio client and a bounded connection pool."""
 
@@ -327,10 +360,8 @@ class RedisStore:
     def _unavailable_as_store_error(self) -> Iterator[None]:
         try:
             yield
-        except _UNAVAILABLE as e:
-            reason = str(e) or type(e).__name__
-            state = "refuses writes" if isinstance(e, rex.ReadOnlyError | rex.OutOfMemoryError) else "is unreachable"
-            raise StoreUnavailable(f"Redis at {self.url} {state}: {reason}") from e
+        except _STORE_ERRORS as e:
+            raise StoreUnavailable(f"Redis at {self.url} {redis_state(e)}: {str(e) or type(e).__name__}") from e
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
         _check_user(user_id)

@@ -54,6 +54,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as err:
         raise SeqrecError("invalid settings: " + validation_message(err, prefix="SEQREC_", upper=True)) from None
     check_bindable(settings.host, settings.port)  # before the bundle's load, which takes seconds
+    if settings.redis_url:
+        check_redis(settings.redis_url, settings.redis_prefix)
     try:  # refuse a bad bundle before binding; with several workers each loads its own, so this one is dropped
         path = resolve_bundle(settings.artifacts)
         bundle = load_served(path, inference=settings.inference, threads=settings.threads)
@@ -82,6 +84,17 @@ def check_bindable(host: str, port: int, options: str = "--host/--port, SEQREC_H
             sock.bind((host, port))
         except OSError as err:
             raise SeqrecError(f"cannot listen on {host}:{port}: {err.strerror or err} ({options})") from None
+
+
+def check_redis(url: str, prefix: str) -> None:
+    """A Redis that refuses this server's configuration (password, database number, ACL) is one line before
+    anything starts; one that is down or full only for now is a warning, and the service starts without it."""
+    from service.store import redact_url, refused_configuration
+
+    problem = refused_configuration(url, prefix)
+    if problem is not None:
+        raise SeqrecError(f"Redis at {redact_url(url)} refuses this server: {problem} (--redis-url, "
+                          "SEQREC_REDIS_URL, SEQREC_REDIS_PREFIX)")
 
 
 def run_workers(config: uvicorn.Config) -> None:

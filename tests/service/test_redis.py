@@ -133,3 +133,28 @@ def test_a_full_redis_makes_readyz_degraded_not_writable(bundle: Path, redis_ser
             _ok(client.post("/events", json={"user_id": "u1", "item_id": "i7"}))
         finally:
             admin.close()
+
+
+def test_errors_redis_answers_are_503_naming_them_not_500(bundle: Path, redis_server: RedisServer,
+                                                           tmp_path: Path) -> None:
+    """Started without `seqrec serve`'s check (uvicorn's app factory), on a database number Redis lacks and on an
+    ACL without the prefix's keys: the store's routes were 500s with a traceback; they are the store's 503."""
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        admin.execute_command("ACL", "SETUSER", "narrow", "on", ">pw", "~other:*", "+@all")
+        port = redis_server.port
+        cases = [(f"redis://127.0.0.1:{port}/99", "refused the request: DB index is out of range"),
+                 (f"redis://narrow:pw@127.0.0.1:{port}/0", "refused the request: ")]
+        for i, (url, reason) in enumerate(cases):
+            with serving(tmp_path / f"api{i}", artifacts=str(bundle), redis_url=url,
+                         redis_timeout_ms="1000") as api, api.client() as client:
+                for response in (client.post("/events", json={"user_id": "u1", "item_id": "i5"}),
+                                 client.post("/recommend", json={"user_id": "u1", "k": 5}),
+                                 client.get("/users/u1/history")):
+                    assert response.status_code == 503, response.text
+                    assert reason in response.json()["detail"]
+                    assert "pw@" not in response.json()["detail"]
+                assert _items(client.post("/recommend", json={"history": ["i5"], "k": 5}))  # no store needed
+                assert _ok(client.get("/readyz"))["status"] == "degraded"
+    finally:
+        admin.close()

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from offline.cli import main
+from service.bundle import BundleError
+from tests.service.support import RedisServer, free_port
 
 
 def test_serve_refuses_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -131,3 +133,49 @@ def test_serve_names_an_invalid_setting(bundle: Path, capsys: pytest.CaptureFixt
     monkeypatch.delenv("SEQREC_WORKERS", raising=False)
     assert main(["serve", "--artifacts", str(bundle), "--workers", "0"]) == 1
     assert "SEQREC_WORKERS" in capsys.readouterr().err
+
+
+def test_a_redis_that_refuses_the_configuration_is_one_line_before_the_bundle_loads(
+        bundle: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database number Redis lacks, a password it rejects, an ACL without the prefix's keys: every store call
+    would fail the same way (500s with a traceback on /events before; 503s now, tests/service/test_redis.py), so
+    `seqrec serve` stops on them at once. A Redis that is only down is a warning, and the service starts."""
+    import redis
+
+    import service.catalog
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the bundle was loaded before Redis was checked")
+
+    monkeypatch.setattr(service.catalog, "load_served", never)
+    port = redis_server.port
+    admin = redis.Redis(port=port)
+    try:
+        admin.execute_command("ACL", "SETUSER", "narrow", "on", ">pw", "~other:*", "+@all")
+        admin.execute_command("ACL", "SETUSER", "wide", "on", ">pw", "~seqrec:*", "+@all")
+        cases = [
+            (f"redis://127.0.0.1:{port}/99", f"redis://127.0.0.1:{port}/99", "DB index is out of range"),
+            (f"redis://narrow:wrong@127.0.0.1:{port}/0", f"redis://narrow:***@127.0.0.1:{port}/0",
+             "invalid username-password pair or user is disabled."),
+            (f"redis://narrow:pw@127.0.0.1:{port}/0", f"redis://narrow:***@127.0.0.1:{port}/0",
+             "no permissions"),  # NOPERM's wording differs between Redis releases
+        ]
+        for url, shown, reason in cases:
+            assert main(["serve", "--artifacts", str(bundle), "--port", "0", "--redis-url", url]) == 1
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1, err
+            assert err[0].startswith(f"seqrec: error: Redis at {shown} refuses this server: "), err
+            assert reason in err[0], err
+            assert err[0].endswith(" (--redis-url, SEQREC_REDIS_URL, SEQREC_REDIS_PREFIX)")
+            assert ":pw@" not in err[0]
+        # the same ACL user with its own prefix's keys, and a Redis that is down: no refusal, the bundle loads
+        def reached(*args: object, **kwargs: object) -> None:
+            raise BundleError("the bundle's load is reached")
+
+        monkeypatch.setattr(service.catalog, "load_served", reached)
+        for url in (f"redis://wide:pw@127.0.0.1:{port}/0", f"redis://127.0.0.1:{free_port()}/0"):
+            assert main(["serve", "--artifacts", str(bundle), "--port", "0", "--redis-url", url]) == 1
+            assert capsys.readouterr().err.strip().splitlines()[-1] == "seqrec: error: the bundle's load is reached"
+    finally:
+        admin.close()
