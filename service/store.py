@@ -25,10 +25,11 @@ Two stores share one protocol and one behaviour (one contract test runs both):
   Redis takes writes.
 - ``MemoryStore``: the in-process default when no Redis URL is configured (one process, lost on restart).
 
-Any failure to reach Redis (refused, reset, timeout, still loading its dataset, out of pooled connections)
-becomes ``StoreUnavailable``, which the API answers with 503 so clients retry; an event is never dropped
-silently. The client keeps no long retry loop: a down Redis fails within about ``redis_timeout_ms``, and the
-pool reconnects by itself on the next call once Redis is back.
+Any failure to reach Redis (refused, reset, timeout, still loading its dataset, out of pooled connections), and
+any error it answers (full, read-only, a database number it lacks, an ACL's NOPERM), becomes ``StoreUnavailable``,
+which the API answers with 503 so clients retry; an event is never dropped silently. The client keeps no long
+retry loop: a down Redis fails within about ``redis_timeout_ms``, and the pool reconnects by itself on the next
+call once Redis is back.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ _REFUSES_WRITES: tuple[type[BaseException], ...] = (rex.ReadOnlyError, rex.OutOf
 
 
 class StoreUnavailable(SeqrecError):
-    """The history store cannot be reached (down, timing out, loading); the API maps it to 503."""
+    """The history store cannot serve now (down, timing out, loading, full, refusing the request); the API maps
+    it to 503."""
 
 
 @dataclass(frozen=True)
@@ -283,10 +285,8 @@ def redact_url(url: str) -> str:
 
 def redis_state(error: BaseException) -> str:
     """What a Redis error says of the server, for a message: "is unreachable", "refuses writes" or "refused the
-    request" (an error it answered, such as a database number it lacks or an ACL's NOPERM)."""
-    if isinstance(error, _REFUSED):
-        return "refused the request"
-    if isinstance(error, _UNREACHABLE):
+    request" (an error it answered: a password, a database number it lacks, an ACL's NOPERM)."""
+    if isinstance(error, _UNREACHABLE) and not isinstance(error, _REFUSED):
         return "is unreachable"
     return "refuses writes" if isinstance(error, _REFUSES_WRITES) else "refused the request"
 
@@ -295,19 +295,17 @@ def refused_configuration(url: str, prefix: str, timeout_s: float = 2.0) -> str 
     """Why Redis at ``url`` refuses this configuration, in one line: a password it rejects, a database number it
     lacks, an ACL without the prefix's keys. Each would fail every request the same way, so `seqrec serve` stops
     on it before it starts. None when Redis takes a probe write under the prefix (expiring in 10 s), or when it
-    only cannot for now (down, loading, full, a read-only replica): the service starts then, and answers 503 on
-    the store's routes until Redis is back."""
+    only cannot for now (down, loading, full, a read-only replica): the service starts then, with a warning, and
+    answers 503 on the store's routes until Redis is back."""
     client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
     try:
         client.set(f"{prefix}probe", str(os.getpid()), px=10_000)
-    except _REFUSED as e:  # ConnectionErrors in redis-py: told apart before the transient ones
-        return str(e) or type(e).__name__
-    except (*_UNREACHABLE, *_REFUSES_WRITES) as e:
+    except _STORE_ERRORS as e:
+        state, reason = redis_state(e), str(e) or type(e).__name__
+        if state == "refused the request":
+            return reason
         log.warning("Redis at %s %s now (%s); starting without it: the store's routes answer 503 until it is "
-                    "back", redact_url(url), redis_state(e), str(e) or type(e).__name__)
-        return None
-    except rex.RedisError as e:
-        return str(e) or type(e).__name__
+                    "back", redact_url(url), state, reason)
     finally:
         client.close()
     return None
