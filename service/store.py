@@ -37,38 +37,23 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
-import redis
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from retriever.errors import SeqrecError
+from service.redis_errors import PROBE_MS, STORE_ERRORS, probe, redact_url, redis_state
 from service.settings import DEFAULT_SEEN_CAP, Settings
 from service.store_lua import APPEND
 
 log = logging.getLogger(__name__)
-
-# Errors that mean "the store cannot serve right now, try again later", as opposed to a bug or bad data.
-# ConnectionError covers refused/reset sockets, BusyLoadingError, MaxConnectionsError, a refused password and
-# the blocking pool's "No connection available"; OSError covers socket errors redis-py lets through (and builtin
-# TimeoutError). A Redis that refuses writes (replica, maxmemory reached) is also a "retry later" for the client.
-# So is any other error Redis answers (a database number it lacks, an ACL that forbids the prefix's keys, a key
-# of another type under the prefix): the server's configuration is wrong, not the request, and `seqrec serve`
-# refuses to start on the first two.
-_REFUSED: tuple[type[BaseException], ...] = (rex.AuthenticationError, rex.AuthorizationError)
-_UNREACHABLE: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.TimeoutError, OSError)
-_STORE_ERRORS: tuple[type[BaseException], ...] = (*_UNREACHABLE, rex.RedisError)
-_REFUSES_WRITES: tuple[type[BaseException], ...] = (rex.ReadOnlyError, rex.OutOfMemoryError)
-
 
 class StoreUnavailable(SeqrecError):
     """The history store cannot serve now (down, timing out, loading, full, refusing the request); the API maps
@@ -270,47 +255,6 @@ def _decode_window(raw_entries: list[bytes | str], user_id: str) -> list[Event]:
     return valid
 
 
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, fit for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def redis_state(error: BaseException) -> str:
-    """What a Redis error says of the server, for a message: "is unreachable", "refuses writes" or "refused the
-    request" (an error it answered: a password, a database number it lacks, an ACL's NOPERM)."""
-    if isinstance(error, _UNREACHABLE) and not isinstance(error, _REFUSED):
-        return "is unreachable"
-    return "refuses writes" if isinstance(error, _REFUSES_WRITES) else "refused the request"
-
-
-def refused_configuration(url: str, prefix: str, timeout_s: float = 2.0) -> str | None:
-    """Why Redis at ``url`` refuses this configuration, in one line: a password it rejects, a database number it
-    lacks, an ACL without the prefix's keys. Each would fail every request the same way, so `seqrec serve` stops
-    on it before it starts. None when Redis takes a probe write under the prefix (expiring in 10 s), or when it
-    only cannot for now (down, loading, full, a read-only replica): the service starts then, with a warning, and
-    answers 503 on the store's routes until Redis is back."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
-    try:
-        client.set(f"{prefix}probe", str(os.getpid()), px=10_000)
-    except _STORE_ERRORS as e:
-        state, reason = redis_state(e), str(e) or type(e).__name__
-        if state == "refused the request":
-            return reason
-        log.warning("Redis at %s %s now (%s); starting without it: the store's routes answer 503 until it is "
-                    "back", redact_url(url), state, reason)
-    finally:
-        client.close()
-    return None
-
-
 class RedisStore:
     """Histories in Redis lists, through redis-py's asyncio client and a bounded connection pool."""
 
@@ -358,7 +302,7 @@ class RedisStore:
     def _unavailable_as_store_error(self) -> Iterator[None]:
         try:
             yield
-        except _STORE_ERRORS as e:
+        except STORE_ERRORS as e:
             raise StoreUnavailable(f"Redis at {self.url} {redis_state(e)}: {str(e) or type(e).__name__}") from e
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
@@ -428,7 +372,7 @@ class RedisStore:
         """A real write (a probe key under the prefix that expires in 10 s): Redis refuses it exactly when it
         would refuse an event (maxmemory reached under noeviction, READONLY replica, a lost connection)."""
         try:
-            return bool(await self._redis.set(f"{self.prefix}probe", str(os.getpid()), px=10_000))
+            return bool(await self._redis.set(*probe(self.prefix), px=PROBE_MS))
         except (rex.RedisError, OSError):
             return False
 

@@ -89,7 +89,7 @@ def check_bindable(host: str, port: int, options: str = "--host/--port, SEQREC_H
 def check_redis(url: str, prefix: str) -> None:
     """A Redis that refuses this server's configuration (password, database number, ACL) is one line before
     anything starts; one that is down or full only for now is a warning, and the service starts without it."""
-    from service.store import redact_url, refused_configuration
+    from service.redis_errors import redact_url, refused_configuration
 
     problem = refused_configuration(url, prefix)
     if problem is not None:

@@ -40,7 +40,7 @@ from retriever.errors import SeqrecError
 from service.answer import plan_query, popular
 from service.bundle import Bundle
 from service.recommend import Query, recommend_batch
-from service.store import redact_url
+from service.redis_errors import redact_url
 
 log = logging.getLogger(__name__)
 

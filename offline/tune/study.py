@@ -41,7 +41,7 @@ from retriever.errors import SeqrecError, first_line
 from retriever.model import Retriever
 from retriever.repeats import resolve_repeats
 from retriever.train import Validate, fit
-from service.store import redact_url
+from service.redis_errors import redact_url
 
 log = logging.getLogger(__name__)
 STUDY_NAME = "seqrec-tune"

@@ -14,8 +14,9 @@ from collections.abc import Awaitable
 import pytest
 import redis.asyncio as aioredis
 
+from service.redis_errors import redact_url
 from service.settings import Settings
-from service.store import Event, HistoryStore, MemoryStore, RedisStore, StoreUnavailable, make_store, redact_url
+from service.store import Event, HistoryStore, MemoryStore, RedisStore, StoreUnavailable, make_store
 from tests.service.support import SHARED_REDIS, RedisServer, free_port
 
 pytestmark = pytest.mark.anyio

@@ -1,0 +1,76 @@
+"""What a Redis error says of the server, and a Redis URL as it may be shown.
+
+The history store (`service.store`) turns every error below into ``StoreUnavailable`` (the API's 503 with
+Retry-After); `seqrec serve` probes Redis once before it starts (`refused_configuration`) and stops on a
+configuration Redis refuses; `seqrec recommend` and `seqrec tune` print URLs through `redact_url`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.exceptions as rex
+
+log = logging.getLogger(__name__)
+PROBE_MS = 10_000  # how long the probe key that tells whether Redis takes writes lives (`probe`)
+
+# Errors that mean "the store cannot serve right now, try again later", as opposed to a bug or bad data.
+# ConnectionError covers refused/reset sockets, BusyLoadingError, MaxConnectionsError, a refused password and
+# the blocking pool's "No connection available"; OSError covers socket errors redis-py lets through (and builtin
+# TimeoutError). A Redis that refuses writes (replica, maxmemory reached) is also a "retry later" for the client.
+# So is any other error Redis answers (a database number it lacks, an ACL that forbids the prefix's keys, a key
+# of another type under the prefix): the server's configuration is wrong, not the request, and `seqrec serve`
+# refuses to start on the first two.
+REFUSED: tuple[type[BaseException], ...] = (rex.AuthenticationError, rex.AuthorizationError)
+UNREACHABLE: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.TimeoutError, OSError)
+STORE_ERRORS: tuple[type[BaseException], ...] = (*UNREACHABLE, rex.RedisError)
+REFUSES_WRITES: tuple[type[BaseException], ...] = (rex.ReadOnlyError, rex.OutOfMemoryError)
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, fit for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def redis_state(error: BaseException) -> str:
+    """What a Redis error says of the server, for a message: "is unreachable", "refuses writes" or "refused the
+    request" (an error it answered: a password, a database number it lacks, an ACL's NOPERM)."""
+    if isinstance(error, UNREACHABLE) and not isinstance(error, REFUSED):
+        return "is unreachable"
+    return "refuses writes" if isinstance(error, REFUSES_WRITES) else "refused the request"
+
+
+def refused_configuration(url: str, prefix: str, timeout_s: float = 2.0) -> str | None:
+    """Why Redis at ``url`` refuses this configuration, in one line: a password it rejects, a database number it
+    lacks, an ACL without the prefix's keys. Each would fail every request the same way, so `seqrec serve` stops
+    on it before it starts. None when Redis takes a probe write under the prefix (expiring in 10 s), or when it
+    only cannot for now (down, loading, full, a read-only replica): the service starts then, with a warning, and
+    answers 503 on the store's routes until Redis is back."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        client.set(*probe(prefix), px=PROBE_MS)
+    except STORE_ERRORS as e:
+        state, reason = redis_state(e), str(e) or type(e).__name__
+        if state == "refused the request":
+            return reason
+        log.warning("Redis at %s %s now (%s); starting without it: the store's routes answer 503 until it is "
+                    "back", redact_url(url), state, reason)
+    finally:
+        client.close()
+    return None
+
+
+def probe(prefix: str) -> tuple[str, str]:
+    """The key and value a write probe sets: ``{prefix}probe``, this process's id."""
+    return f"{prefix}probe", str(os.getpid())
