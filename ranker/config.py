@@ -24,7 +24,7 @@ SOURCES: tuple[str, ...] = ("retriever", "cooc")
 TRAINABLE_KINDS: tuple[str, ...] = ("auto", "mlp", "lgbm")
 MINING: tuple[str, ...] = ("holdout", "direct")
 MIN_DEPTH = 10  # the metrics' largest cut-off: fewer candidates could not fill a top-10
-MAX_DEPTH = 2000  # a pipeline config's ceiling
+MAX_DEPTH = 2000  # the deepest candidate list: a request's `candidates`; a pipeline's, train-ranker's, evaluate's depth
 HOLDOUT_PER_USER = 2  # by default the holdout retriever never sees each user's last two training items
 # Share of users whose second-to-last training item early-stops the holdout retriever; those items
 # are then no ranker training target (offline/jobs/holdout.py).

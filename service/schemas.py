@@ -24,6 +24,8 @@ from pydantic import (
 )
 from starlette.convertors import PathConvertor, register_url_convertor
 
+from ranker.config import MAX_DEPTH
+
 MAX_HISTORY = 10_000  # items per request; the model reads its last max_len of them
 MAX_EVENTS = 1_000  # events per batch request
 MAX_QUERY = 200  # characters of a catalogue search
@@ -80,7 +82,7 @@ def _whole_number(value: Any) -> Any:
 
 Count = Annotated[int, BeforeValidator(_whole_number)]
 # the bounds before the validator, so that the OpenAPI document says minimum/maximum inside the Optional
-Depth = Annotated[int, Field(ge=1, le=2000), BeforeValidator(_whole_number)]
+Depth = Annotated[int, Field(ge=1, le=MAX_DEPTH), BeforeValidator(_whole_number)]
 
 
 class _AnyText(PathConvertor):

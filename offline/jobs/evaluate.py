@@ -18,7 +18,7 @@ from offline.jobs.rank import bundle_source, split_sources, unit_user_vectors
 from offline.jobs.tables import has_clock, request_times
 from offline.jobs.train import repeat_record
 from ranker.artifact import RankerArtifact, load_ranker
-from ranker.config import MIN_DEPTH, ranker_default
+from ranker.config import MAX_DEPTH, MIN_DEPTH, ranker_default
 from ranker.mining import Encoder, mine
 from ranker.train import (
     FeatureSource,
@@ -48,6 +48,13 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
     """
     system = _system(bundle, data, stage, depth)
     usable = tuple(k for k in ks if k <= system.depth)
+    deeper = ",".join(str(k) for k in ks if k > system.depth)
+    if deeper:
+        # A request for such a k retrieves k candidates, not `depth` (service.recommend): another system.
+        hint = f"--candidates {max(ks)} (a request's `candidates`) measures {'them' if ',' in deeper else 'it'}"
+        if not usable:
+            raise SeqrecError(f"--ks {deeper}: above the {system.depth} candidates the list ranks; {hint}")
+        log.warning("--ks: %s left out, above the %d candidates the list ranks; %s", deeper, system.depth, hint)
     groups = _retrieved(system, data, splits)
     result: dict[str, Any] = {"artifact": str(bundle), "version": system.artifact.manifest.version,
                               "stage": system.stage, **repeat_record(system.artifact, data), "depth": system.depth,
@@ -102,6 +109,9 @@ def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) 
     depth = depth or (ranker_artifact.depth if ranker_artifact else ranker_default("depth"))
     if depth < MIN_DEPTH:
         raise SeqrecError(f"--candidates must be at least {MIN_DEPTH} (the metrics' cut-off), got {depth}")
+    if depth > MAX_DEPTH:
+        raise SeqrecError(f"--candidates must be at most {MAX_DEPTH} (the most a request's `candidates` may be), "
+                          f"got {depth}")
     # What the service computes with its default SEQREC_INFERENCE=auto: the compiled encoder, the MLP ranker
     # through ONNX Runtime and LightGBM's trees through lleaves, wherever the service would use them.
     served = ranker_artifact if stage == "two-stage" else None

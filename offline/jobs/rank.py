@@ -29,7 +29,7 @@ from offline.jobs.holdout import (
 from offline.jobs.tables import cooc_table, extra_tables, item_tables, request_times, time_table, with_extras
 from offline.jobs.train import check_catalogue
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
-from ranker.config import HOLDOUT_PER_USER, MIN_DEPTH, RankerConfig
+from ranker.config import HOLDOUT_PER_USER, MAX_DEPTH, MIN_DEPTH, RankerConfig
 from ranker.cooc import CoocTable
 from ranker.extras import check_names
 from ranker.mining import Encoder, Mined, mine, training_groups
@@ -94,6 +94,9 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: Rank
         raise SeqrecError(f"{artifact.path}: mining needs the artifact's index")
     if depth < MIN_DEPTH:
         raise SeqrecError(f"--depth must be at least {MIN_DEPTH} (the metrics' cut-off), got {depth}")
+    if depth > MAX_DEPTH:
+        raise SeqrecError(f"--depth must be at most {MAX_DEPTH} (the most a request's `candidates` may be), got "
+                          f"{depth}")
     split = data.split()
     train_start, train_target_pos = training_groups(split.train.offsets, _per_user(config, holdout))
     if holdout is not None:

@@ -15,7 +15,7 @@ from offline.data.prepared import load_prepared
 from offline.jobs.rank import mine_splits, split_sources, user_encoder
 from offline.jobs.tables import item_tables
 from ranker.artifact import load_ranker, unit_item_vectors, write_ranker
-from ranker.config import RankerConfig
+from ranker.config import MAX_DEPTH, RankerConfig
 from ranker.features import COLUMN
 from ranker.lgbm import LGBMRanker, inputs_digest
 from ranker.mlp import MLPRanker
@@ -470,3 +470,36 @@ def test_a_lightgbm_ranker_records_a_digest_of_the_inputs_it_was_fitted_on(setup
     assert loaded is not None
     assert isinstance(loaded.ranker, LGBMRanker)
     assert loaded.ranker.inputs_sha256 == first.inputs_sha256
+
+
+def test_depths_and_cut_offs_beyond_what_is_served_are_one_line(bundle: Path, prepared: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A --depth or --candidates above a request's largest `candidates` grew until the kernel killed the process
+    (100,000 on a 500-item catalogue); cut-offs all above the depth printed empty metrics and exited 0."""
+    work = tmp_path / "bundle"
+    shutil.copytree(bundle, work)
+    direct = ["--kind", "lgbm", "--mining", "direct", "--threads", "1", "-q"]
+    capsys.readouterr()
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--depth", str(MAX_DEPTH + 1),
+                 *direct]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"seqrec: error: --depth must be at most {MAX_DEPTH} (the most a request's `candidates` may be), got "
+        f"{MAX_DEPTH + 1}"]
+    assert not (work / "ranker").exists()
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--depth", "20", *direct]) == 0
+    evaluate = ["evaluate", "--artifact", str(work), "--data", str(prepared), "-q"]
+    capsys.readouterr()
+    assert main([*evaluate, "--candidates", str(MAX_DEPTH + 1)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"seqrec: error: --candidates must be at most {MAX_DEPTH} (the most a request's `candidates` may be), got "
+        f"{MAX_DEPTH + 1}"]
+    assert main([*evaluate, "--ks", "50,30"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "seqrec: error: --ks 50,30: above the 20 candidates the list ranks; --candidates 50 (a request's "
+        "`candidates`) measures them"]
+    assert main([*evaluate, "--ks", "10,50"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["test"]) == {"HR@10", "NDCG@10", "MRR@10", "Recall@10"}
+    assert "--ks: 50 left out, above the 20 candidates the list ranks; --candidates 50" in caplog.text
+    assert main([*evaluate, "--ks", "10,50", "--candidates", "50"]) == 0
+    assert "NDCG@50" in json.loads(capsys.readouterr().out)["test"]
