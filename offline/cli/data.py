@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from offline.cli.common import Subparsers
+from offline.cli.common import SEED, Subparsers
 
 
 def add_prepare_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -38,13 +38,14 @@ def add_prepare_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None
     s.add_argument("--n-users", type=int)
     s.add_argument("--n-items", type=int)
     s.add_argument("--mean-length", type=float)
-    s.add_argument("--seed", type=int)
+    s.add_argument("--seed", type=SEED)
     p.set_defaults(handler=_prepare)
 
 
 def _prepare(args: argparse.Namespace) -> int:
     from offline.data.prepare import Filters, prepare_dataset
     from offline.data.readers import ReaderOptions
+    from offline.data.readers.tabular import parse_sep
 
     synthetic = {
         name: getattr(args, name)
@@ -53,7 +54,7 @@ def _prepare(args: argparse.Namespace) -> int:
     }
     options = ReaderOptions(
         path=args.path, user_col=args.user_col, item_col=args.item_col, time_col=args.time_col or None,
-        sep=args.sep.encode().decode("unicode_escape"), items_path=args.items_path, synthetic=synthetic,
+        sep=parse_sep(args.sep), items_path=args.items_path, synthetic=synthetic,
     )
     filters = Filters(args.min_user_interactions, args.k_core, args.min_rating)
     manifest = prepare_dataset(args.dataset, args.out, options, filters, download=args.download,

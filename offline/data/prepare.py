@@ -194,6 +194,10 @@ def _lists(offsets: np.ndarray, values: pa.Array) -> pa.Array:
 def _with_metadata(keys: pa.Table, metadata: pa.Table | None, key: str, source: str) -> pa.Table:
     if metadata is None:
         return keys
+    clash = [name for name in metadata.column_names if name != key and name in keys.column_names]
+    if clash:
+        raise SeqrecError(f"the {source} metadata has a column {clash[0]!r}, a name the prepared folder keeps for "
+                          f"its own ({', '.join(keys.column_names)}); rename it")
     meta_keys = metadata.column(key).cast(pa.string())
     counts = pc.value_counts(meta_keys)
     repeated = counts.filter(pc.greater(counts.field("counts"), 1))

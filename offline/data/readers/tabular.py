@@ -12,8 +12,11 @@ import pyarrow.parquet as pq
 from offline.data.errors import DataError
 from offline.data.readers.base import RawDataset, int_if_integral
 from offline.data.readers.textio import check_unique, one_line, read_delimited, row_line
+from retriever.errors import SeqrecError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# The columns `prepare` writes to items.parquet itself: item_idx, and item_id for the --item-col values.
+RESERVED_ITEM_COLUMNS = ("item_idx", "item_id")
 
 
 def read_tabular(
@@ -33,6 +36,8 @@ def read_tabular(
         '|'-separated text becomes a list).
     """
     path = Path(path)
+    check_sep(sep)
+    _check_roles({"--user-col": user_col, "--item-col": item_col, "--time-col": time_col})
     wanted = [user_col, item_col] + ([time_col] if time_col else [])
     table = _read_columns(path, wanted, sep, ids=[user_col, item_col])
     times = table.column(time_col).combine_chunks() if time_col else pa.array(np.arange(table.num_rows))
@@ -54,6 +59,36 @@ def read_tabular(
     )
 
 
+def parse_sep(text: str) -> str:
+    """--sep as typed: backslash escapes ('\\t' for a tab) decoded, then checked by `check_sep`."""
+    try:
+        sep = text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:
+        raise SeqrecError(f"--sep {text!r} holds an incomplete backslash escape; write '\\t' for a tab, "
+                          "'\\\\' for a backslash") from None
+    check_sep(sep)
+    return sep
+
+
+def check_sep(sep: str) -> None:
+    """The CSV reader splits on one character (its quoting rules need that); a line break cannot be one."""
+    if len(sep) != 1 or sep in "\r\n":
+        raise SeqrecError(f"--sep must be one character other than a line break, got {sep!r} "
+                          "(write '\\t' for a tab)")
+
+
+def _check_roles(columns: dict[str, str | None]) -> None:
+    """One column cannot be both the user and the item (or the clock): each role needs its own."""
+    seen: dict[str, str] = {}
+    for flag, name in columns.items():
+        if name is None:
+            continue
+        if name in seen:
+            raise SeqrecError(f"{seen[name]} and {flag} name the same column {name!r}; give each its own column "
+                              "(defaults: user_id, item_id, timestamp)")
+        seen[name] = flag
+
+
 def _read_columns(path: Path, columns: list[str] | None, sep: str, ids: list[str] | None = None) -> pa.Table:
     """``columns`` (None: all) of a Parquet file or a CSV with a header; ``ids``: columns where an empty CSV
     field is an error (Parquet's nulls and empty strings are caught by `_as_string`)."""
@@ -68,6 +103,10 @@ def _read_columns(path: Path, columns: list[str] | None, sep: str, ids: list[str
         missing = [c for c in columns or [] if c not in names]
         if missing:
             raise DataError(path, f"no column {missing[0]!r} (columns: {', '.join(names)})")
+        repeated = [c for c in columns or names if names.count(c) > 1]
+        if repeated:
+            raise DataError(path, f"column {repeated[0]!r} appears {names.count(repeated[0])} times; "
+                            "rename all but one")
         table = pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as err:  # a broken footer or a corrupt page
         raise DataError(path, f"not a readable Parquet file: {one_line(err)}") from None
@@ -87,13 +126,18 @@ def _at(path: Path, row: int, message: str) -> DataError:
     return DataError(path, message, line=row_line(path, row, header=True))
 
 
+def _row_name(path: Path, row: int) -> str:
+    return f"row {row + 1}" if _is_parquet(path) else f"line {row_line(path, row, header=True)}"
+
+
 def _as_string(values: pa.Array, path: Path, column: str) -> pa.Array:
-    """Ids as strings; a null or empty id is an error."""
+    """Ids as strings; a null, NaN or empty id is an error."""
     try:
         text = values if pa.types.is_string(values.type) else values.cast(pa.string())
     except pa.ArrowException:
         raise DataError(path, f"column {column!r} has type {values.type}, not ids") from None
-    empty = pc.or_kleene(pc.is_null(text), pc.equal(text, "")).fill_null(True)
+    # NaN is how pandas writes a missing value to a float column; cast, it would become the id "nan".
+    empty = pc.or_kleene(pc.is_null(values, nan_is_null=True), pc.equal(text, "")).fill_null(True)
     if pc.any(empty).as_py():
         first, count = int(pc.index(empty, True).as_py()), pc.sum(empty).as_py()
         raise _at(path, first, f"column {column!r} has {count} empty value{'' if count == 1 else 's'}")
@@ -121,14 +165,22 @@ def _as_clock(values: pa.Array, path: Path, column: str) -> pa.Array:
 
 
 _TIME_TYPES = (pa.int64(), pa.float64(), pa.timestamp("us"))
+_NUMBER = r"^\s*[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|(?i:inf|infinity|nan))\s*$"  # what casts to float64
 
 
 def _parse_time_strings(values: pa.Array, path: Path, column: str) -> pa.Array:
     parsed = _cast_to_time(values)
     if parsed is not None:
         return parsed
-    row, bad = next((row, v) for row, v in enumerate(values.to_pylist()) if _cast_to_time(pa.array([v])) is None)
-    raise _at(path, row, f"column {column!r}: {bad!r} is neither a number nor an ISO date")
+    for row, value in enumerate(values.to_pylist()):
+        if _cast_to_time(pa.array([value])) is None:
+            raise _at(path, row, f"column {column!r}: {value!r} is neither a number nor an ISO date")
+    # Each value parses alone, so they are of different kinds.
+    is_number = pc.match_substring_regex(values, _NUMBER).to_numpy(zero_copy_only=False)
+    number, date = int(np.argmax(is_number)), int(np.argmin(is_number))
+    later, earlier = max(number, date), min(number, date)
+    raise _at(path, later, f"column {column!r} mixes numbers and dates: {values[later].as_py()!r} here, "
+              f"{values[earlier].as_py()!r} at {_row_name(path, earlier)}; write every timestamp the same way")
 
 
 def _cast_to_time(values: pa.Array) -> pa.Array | None:
@@ -145,6 +197,11 @@ def _read_items(path: Path, item_col: str, sep: str) -> pa.Table:
     table = _read_columns(path, None, sep)
     if item_col not in table.column_names:
         raise DataError(path, f"no column {item_col!r} (columns: {', '.join(table.column_names)})",
+                        line=None if _is_parquet(path) else 1)
+    reserved = [name for name in table.column_names if name in RESERVED_ITEM_COLUMNS and name != item_col]
+    if reserved:
+        raise DataError(path, f"column {reserved[0]!r} is a name seqrec prepare keeps for its own items.parquet "
+                        f"columns ({', '.join(RESERVED_ITEM_COLUMNS)}); rename it",
                         line=None if _is_parquet(path) else 1)
     columns = {"item_id": _as_string(table.column(item_col).combine_chunks(), path, item_col)}
     check_unique(columns["item_id"], path, "item_id", header=None if _is_parquet(path) else True)

@@ -100,13 +100,18 @@ def read_delimited(
 
 
 def _check_columns(path: Path, field_names: list[str], wanted: Sequence[str], *, sep: str, header: bool) -> None:
-    """Every wanted column is one of the file's; a header read as one column hints at the separator."""
+    """Every wanted column is one of the file's, and only once; a header read as one column hints at the
+    separator."""
     unknown = [c for c in wanted if c not in field_names]
     if unknown:
         listed, hint = ", ".join(field_names), ""
         if header and len(field_names) == 1:
             listed, hint = _shown(field_names[0]), f"; one column only: is '{_shown(sep)}' the separator?"
         raise DataError(path, f"no column {unknown[0]!r} (columns: {listed}){hint}", line=1 if header else None)
+    repeated = [c for c in wanted if field_names.count(c) > 1]
+    if repeated:
+        raise DataError(path, f"column {repeated[0]!r} appears {field_names.count(repeated[0])} times in the header; "
+                        "rename all but one", line=1 if header else None)
 
 
 def _as_utf8(data: bytes, encoding: str, sep: str) -> bytes:

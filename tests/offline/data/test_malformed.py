@@ -91,9 +91,15 @@ def parquet(**columns: list[object]) -> bytes:
     return sink.getvalue()
 
 
-LOG = {"user_id": ["1", "1", "1", "2", "2", "2"], "item_id": ["10", "20", "30", "10", "30", "20"],
-       "timestamp": [100, 101, 102, 200, 201, 202]}
+LOG: dict[str, list[object]] = {
+    "user_id": ["1", "1", "1", "2", "2", "2"], "item_id": ["10", "20", "30", "10", "30", "20"],
+    "timestamp": [100, 101, 102, 200, 201, 202]}
 PARQUET = parquet(**LOG)
+
+
+def log_with(**columns: list[object]) -> bytes:
+    """The valid Parquet log with some columns replaced."""
+    return parquet(**{**LOG, **columns})
 
 
 @dataclass(frozen=True)
@@ -263,6 +269,9 @@ CASES = [
          Reads(r"toy\.inter: dropped 1 duplicate row")),
     Case("recbole", "item listed twice", changed(RECBOLE, toy__item=RECBOLE["toy.item"] + lines("10\tAgain\t1")),
          Fails("toy.item", 5, "item_id '10' appears again \\(first on line 2\\)")),
+    Case("recbole", ".item field named item_idx", replace(RECBOLE, "toy.item", b"price:float", b"item_idx:float"),
+         Fails("", None, "the recbole metadata has a column 'item_idx', a name the prepared folder keeps for its own "
+                         "\\(item_idx, item_id\\); rename it")),
 
     # --- S3-Rec lines: `user item item ...`, no clock
     Case("s3rec", "valid", S3REC, Reads()),
@@ -325,6 +334,30 @@ CASES = [
          Fails("items.csv", 5, "item_id '20' appears again \\(first on line 3\\)"), args=CSV_ARGS),
     Case("csv", "items file without the item column", replace(CSV, "items.csv", b"item_id,", b"id,"),
          Fails("items.csv", 1, "no column 'item_id'"), args=CSV_ARGS),
+    Case("csv", "items file with an item_idx column",
+         changed(CSV, items__csv=lines("item_id,item_idx", "10,5", "20,6")),
+         Fails("items.csv", 1, "column 'item_idx' is a name seqrec prepare keeps for its own items.parquet columns "
+                               "\\(item_idx, item_id\\); rename it"), args=CSV_ARGS),
+    Case("csv", "items file repeats a column",
+         replace(CSV, "items.csv", b"item_id,title,genres", b"item_id,title,title"),
+         Fails("items.csv", 1, "column 'title' appears 2 times in the header; rename all but one"), args=CSV_ARGS),
+    Case("csv", "timestamps mix numbers and dates", replace(CSV, "log.csv", b",201", b",2020-01-01"),
+         Fails("log.csv", 6, "column 'timestamp' mixes numbers and dates: '2020-01-01' here, '100' at line 2; "
+                             "write every timestamp the same way"), args=CSV_ARGS),
+    Case("csv", "--sep of two characters", CSV,
+         Fails("", None, "--sep must be one character other than a line break, got ';;'"),
+         args=(*CSV_ARGS, "--sep", ";;")),
+    Case("csv", "empty --sep", CSV, Fails("", None, "--sep must be one character .*, got ''"),
+         args=(*CSV_ARGS, "--sep", "")),
+    Case("csv", "--sep of a lone backslash", CSV,
+         Fails("", None, re.escape("--sep '\\\\' holds an incomplete backslash escape")),
+         args=(*CSV_ARGS, "--sep", "\\")),
+    Case("csv", "--user-col names the item column", CSV,
+         Fails("", None, "--user-col and --item-col name the same column 'item_id'; give each its own column"),
+         args=(*CSV_ARGS, "--user-col", "item_id")),
+    Case("csv", "--time-col names the user column", CSV,
+         Fails("", None, "--user-col and --time-col name the same column 'user_id'"),
+         args=(*CSV_ARGS, "--time-col", "user_id")),
 
     # --- Parquet (read by the csv reader): no lines, so rows are named instead
     Case("csv", "parquet: valid", {"log.parquet": PARQUET}, Reads(), args=("--path", "log.parquet")),
@@ -341,12 +374,14 @@ CASES = [
          args=("--path", "log.parquet")),
     Case("csv", "parquet: no rows", {"log.parquet": parquet(user_id=[], item_id=[], timestamp=[])},
          Fails("log.parquet", None, "no data rows"), args=("--path", "log.parquet")),
-    Case("csv", "parquet: null user", {"log.parquet": parquet(**{**LOG, "user_id": ["1", "1", None, "2", "2", "2"]})},
+    Case("csv", "parquet: null user", {"log.parquet": log_with(user_id=["1", "1", None, "2", "2", "2"])},
          Fails("log.parquet", None, "row 3: column 'user_id' has 1 empty value$"),
          args=("--path", "log.parquet")),
-    Case("csv", "parquet: empty item", {"log.parquet": parquet(**{**LOG, "item_id": ["10", "", "30", "10", "", "20"]})},
+    Case("csv", "parquet: empty item", {"log.parquet": log_with(item_id=["10", "", "30", "10", "", "20"])},
          Fails("log.parquet", None, "row 2: column 'item_id' has 2 empty values"),
          args=("--path", "log.parquet")),
+    Case("csv", "parquet: NaN item", {"log.parquet": log_with(item_id=[10.0, 20.0, float("nan"), 10.0, 30.0, 20.0])},
+         Fails("log.parquet", None, "row 3: column 'item_id' has 1 empty value$"), args=("--path", "log.parquet")),
     Case("csv", "parquet: duplicate rows", {"log.parquet": parquet(**{k: v + v[:2] for k, v in LOG.items()})},
          Reads(r"log\.parquet: dropped 2 duplicate rows"), args=("--path", "log.parquet")),
 

@@ -3,7 +3,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from offline.data.errors import DataError
-from offline.data.readers.tabular import read_tabular
+from offline.data.readers.tabular import parse_sep, read_tabular
+from retriever.errors import SeqrecError
 
 
 def test_csv_with_named_columns(write):
@@ -44,3 +45,30 @@ def test_bad_time_value_is_named(write):
 def test_unknown_column(write):
     with pytest.raises(DataError, match="no column 'user_id'"):
         read_tabular(write("log.csv", "a,b,c\n1,2,3\n"))
+
+
+def test_sep_escapes_are_decoded_and_bad_separators_refused():
+    assert [parse_sep(text) for text in ("\\t", ";", "¦", "\\\\")] == ["\t", ";", "¦", "\\"]
+    with pytest.raises(SeqrecError, match=r"--sep '\\\\' holds an incomplete backslash escape"):
+        parse_sep("\\")
+    for text in (";;", "", "\\n"):
+        with pytest.raises(SeqrecError, match="--sep must be one character other than a line break"):
+            parse_sep(text)
+
+
+def test_items_file_may_not_use_the_prepared_key_names(write):
+    log = write("log.csv", "user_id,sku,timestamp\n1,a,5\n")
+    items = write("items.csv", "sku,item_id,title\na,A1,Apple\n")
+    with pytest.raises(DataError, match=r"items.csv:1: column 'item_id' is a name seqrec prepare keeps for its own"):
+        read_tabular(log, item_col="sku", items_path=items)
+    raw = read_tabular(log, item_col="sku", items_path=write("items.csv", "sku,title\na,Apple\n"))
+    assert raw.items is not None
+    assert raw.items.to_pydict() == {"item_id": ["a"], "title": ["Apple"]}
+
+
+def test_parquet_column_named_twice(write, tmp_path):
+    items = tmp_path / "items.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([1]), pa.array(["A"]), pa.array(["B"])],
+                                        names=["item_id", "title", "title"]), items)
+    with pytest.raises(DataError, match=r"items.parquet: column 'title' appears 2 times; rename all but one"):
+        read_tabular(write("log.csv", "user_id,item_id,timestamp\n1,1,5\n"), items_path=items)
