@@ -80,6 +80,8 @@ class SelfAttention(nn.Module):
         super().__init__()
         if dim % n_heads:
             raise ValueError(f"d_model {dim} is not divisible by n_heads {n_heads}")
+        if rope and dim // n_heads % 2:  # found here, not at the first forward pass, mid-training
+            raise ValueError(f"RoPE needs an even head dimension: d_model {dim} / n_heads {n_heads} = {dim // n_heads}")
         self.n_heads = n_heads
         self.rope = rope
         self.dropout = dropout

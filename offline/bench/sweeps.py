@@ -7,6 +7,7 @@ Every step is one `offline.bench.load.run_load`; a step passes with no error and
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,8 +68,11 @@ def max_sustained_rate(url: str, payloads: Sequence[dict[str, Any]], rates: Sequ
 
 def parse_rates(text: str, flag: str = "--rates") -> list[float]:
     """``"50,100"`` -> ascending distinct positive rates."""
-    rates = sorted({float(r) for r in text.split(",") if r.strip()})
-    if not rates or min(rates) <= 0:
+    try:
+        rates = sorted({float(r) for r in text.split(",") if r.strip()})
+    except ValueError:
+        raise SeqrecError(f"{flag} must be comma-separated numbers, got {text!r}") from None
+    if not rates or min(rates) <= 0 or not all(math.isfinite(r) for r in rates):
         raise SeqrecError(f"{flag} must be positive numbers, got {text!r}")
     return rates
 

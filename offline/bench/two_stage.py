@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from offline.bench.models import parse_ints
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.train import host_numerics
 from offline.tables import markdown_table
@@ -249,7 +250,7 @@ def run_two_stage(args: argparse.Namespace) -> int:
         if args.config is None or not args.seeds:
             raise SeqrecError("--holdout-only needs --config and --seeds")
         overrides = [f"train.threads={args.threads}"] if args.threads else []
-        train_holdouts(args.config, [int(s) for s in args.seeds.split(",")], data, args.work, overrides,
+        train_holdouts(args.config, parse_ints(args.seeds, "--seeds"), data, args.work, overrides,
                        args.holdout_per_user)
         return 0
     if not args.artifact:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from offline.cli.common import Subparsers, set_threads
+from offline.cli.common import SEED, Subparsers, set_threads
 
 
 def add_analyze_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_analyze_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None
     p.add_argument("--users", type=int, default=5, help="sample users for readable predictions (5)")
     p.add_argument("--user-ids", default=None, help="comma-separated user ids to show instead of a sample")
     p.add_argument("--tsne-items", type=int, default=2000, help="items in the t-SNE sample (2000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the user and t-SNE samples")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the user and t-SNE samples")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.set_defaults(handler=_analyze)
 

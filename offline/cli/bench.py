@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from offline.cli.common import at_least, default_configs_dir, parse_names
+from offline.cli.common import SEED, at_least, default_configs_dir, parse_names
 from ranker.config import mlp_default, ranker_default
 
 SubParsers = argparse._SubParsersAction  # argparse exposes no public name for it
@@ -53,7 +53,7 @@ def _add_bodies(p: argparse.ArgumentParser, *, min_len: int, max_len: int, what:
 
 
 def _add_seed(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
 
 
 # --------------------------------------------------------------------------- subcommands
@@ -77,7 +77,7 @@ def add_bench_parser(sub: SubParsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="folder for the tables and runs")
     _add_config_lookup(p)
     p.add_argument("--max-epochs", type=int, default=None, help="cap train.epochs (quick comparisons)")
-    p.add_argument("--budget-minutes", type=float, default=None,
+    p.add_argument("--budget-minutes", type=at_least(0, float, strict=True), default=None,
                    help="wall-clock cap per run: stop after the epoch that crosses it, keep the best epoch")
     p.add_argument("--infer-batch", type=int, default=256, help="test users per timed inference batch")
     _add_set(p, "config override for every model (repeatable), e.g. --set train.patience=5")
@@ -116,14 +116,14 @@ def _add_latency(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     )
     lat.add_argument("--models", required=True, help="comma-separated config names or YAML paths")
     lat.add_argument("--lengths", default="64,128,256,512,1024,1536", help="comma-separated sequence lengths")
-    lat.add_argument("--batch", type=int, default=32, help="sequences per timed batch")
+    lat.add_argument("--batch", type=at_least(1), default=32, help="sequences per timed batch")
     lat.add_argument("--out", type=Path, required=True, help="folder for latency.{json,md,png}")
     lat.add_argument("--data", type=Path, default=None,
                      help="prepared folder: catalogue size and default dataset name (optional)")
     _add_config_lookup(lat)
-    lat.add_argument("--n-items", type=int, default=10_000, help="catalogue size without --data")
-    lat.add_argument("--reps", type=int, default=10, help="timed repetitions per length")
-    lat.add_argument("--warmup", type=int, default=3, help="untimed repetitions per length")
+    lat.add_argument("--n-items", type=at_least(2), default=10_000, help="catalogue size without --data")
+    lat.add_argument("--reps", type=at_least(1), default=10, help="timed repetitions per length")
+    lat.add_argument("--warmup", type=at_least(0), default=3, help="untimed repetitions per length")
     _add_set(lat)
     _add_shorthands(lat)
     lat.set_defaults(handler=_run_latency)
@@ -158,7 +158,7 @@ def _add_serve(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-wait-ms", type=at_least(0, float), default=0.0,
                      help="server micro-batch extra wait (0 = adaptive)")
     srv.add_argument("--workers", type=at_least(1), default=1, help="uvicorn workers of both apps (SEQREC_WORKERS)")
-    srv.add_argument("--concurrency", type=int, default=None,
+    srv.add_argument("--concurrency", type=at_least(1), default=None,
                      help="batches the server runs at once (SEQREC_CONCURRENCY; default: the service's)")
     srv.add_argument("--cpu-rate", type=at_least(0, float, strict=True), default=10.0,
                      help="rate of the run whose server CPU time per request is reported (one both apps keep up with)")
@@ -185,7 +185,7 @@ def _add_index(tools: SubParsers, common: argparse.ArgumentParser) -> None:
                      help="synthetic catalogue shape (ignored with --artifact or --vectors)")
     idx.add_argument("--spread", type=float, default=1.0,
                      help="clustered: noise scale around each centre (0 = points on the centres)")
-    idx.add_argument("--dim", type=int, default=64, help="synthetic vector dimension")
+    idx.add_argument("--dim", type=at_least(1), default=64, help="synthetic vector dimension")
     idx.add_argument("--artifact", type=Path, default=None, help="use this bundle's item vectors (first --sizes rows)")
     idx.add_argument("--vectors", type=Path, default=None, help="use an (n, d) .npy matrix")
     idx.add_argument("--queries", type=int, default=2000, help="held-out queries for recall")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -61,23 +62,35 @@ def set_threads(n: int | None) -> None:
         threadpool_limits(n, user_api="blas")  # numpy's BLAS (the ranker's features), which defaults to every core
 
 
-def at_least(low: float, kind: Callable[[str], Any] = int, *, strict: bool = False) -> Callable[[str], Any]:
-    """An argparse type: ``kind(text)`` that is >= ``low`` (> with ``strict``); argparse names the flag."""
+def at_least(low: float, kind: Callable[[str], Any] = int, *, strict: bool = False,
+             most: float | None = None) -> Callable[[str], Any]:
+    """An argparse type: ``kind(text)`` that is >= ``low`` (> with ``strict``) and <= ``most``, and finite (nan
+    compares false both ways, so it passed every bound); argparse names the flag."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
         if value < low or (strict and value == low):
             raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be <= {most}, got {text}")
         return value
 
     return parse
 
 
+SEED = at_least(0, most=2**32 - 1)  # an argparse type: what numpy, torch and Optuna all take as a seed
+
+
 def parse_names(text: str) -> tuple[str, ...]:
     """A comma-separated list of names ("" = none)."""
     return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+MAX_K = 2**31 - 1  # a cut-off numpy's rank arithmetic takes on any platform (a larger one overflowed)
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -87,6 +100,8 @@ def parse_ks(text: str) -> tuple[int, ...]:
         raise SeqrecError(f"--ks must be comma-separated integers, got {text!r}") from None
     if not ks or min(ks) < 1:
         raise SeqrecError("--ks values must be >= 1")
+    if max(ks) > MAX_K:
+        raise SeqrecError(f"--ks values must be at most {MAX_K:,}, got {max(ks)}")
     return ks
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from offline.cli.common import Subparsers, parse_names, print_json, set_threads
+from offline.cli.common import SEED, Subparsers, parse_names, print_json, set_threads
 from ranker.config import MINING, TRAINABLE_KINDS, RankerConfig, check_mlp_training, mlp_default, ranker_default
 from retriever.atomic import refuse_seqrec_folder
 from retriever.errors import SeqrecError, validation_message
@@ -112,7 +112,7 @@ def add_train_ranker_parser(sub: Subparsers, common: argparse.ArgumentParser) ->
                    help="probability of replacing an item's ID embedding")
     m.add_argument("--epochs", type=int, default=mlp_default("epochs"))
     m.add_argument("--lr", type=float, default=mlp_default("lr"))
-    m.add_argument("--seed", type=int, default=mlp_default("seed"))
+    m.add_argument("--seed", type=SEED, default=mlp_default("seed"))
     m.add_argument("--members", type=int, default=ranker_default("members"),
                    help="networks trained from seeds --seed, --seed + 1, ... whose mean logit scores (an ensemble)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")

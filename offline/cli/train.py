@@ -7,7 +7,7 @@ import logging
 from contextlib import nullcontext
 from pathlib import Path
 
-from offline.cli.common import Subparsers, at_least, parse_ks, print_json
+from offline.cli.common import SEED, Subparsers, at_least, parse_ks, print_json
 from retriever.atomic import exclusive, refuse_seqrec_folder
 from retriever.errors import SeqrecError
 from retriever.repeats import REPEATS
@@ -31,7 +31,7 @@ def add_train_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--init-from", type=Path, default=None, metavar="BUNDLE",
                    help="warm start: begin from this bundle's weights (item rows carried over by external id, "
                    "new items initialised as from scratch; optimiser, schedule and early stopping fresh)")
-    p.add_argument("--seed", type=int, default=None, help="shorthand for --train.seed")
+    p.add_argument("--seed", type=SEED, default=None, help="shorthand for --train.seed")
     p.add_argument("--threads", type=int, default=None, help="shorthand for --train.threads (CPU)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="shorthand for --train.device")
     p.add_argument("--index", choices=["flat", "hnsw", "ivf"], default="flat", help="FAISS index to export")

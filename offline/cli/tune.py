@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from offline.cli.common import Subparsers, print_json
+from offline.cli.common import SEED, Subparsers, at_least, print_json
 from retriever.atomic import refuse_seqrec_folder
 
 
@@ -27,10 +27,11 @@ def add_tune_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, required=True, help="prepared folder (from `seqrec prepare`)")
     p.add_argument("--out", type=Path, required=True, help="folder for the study, the trials and the best config")
     p.add_argument("--trials", type=int, default=None, help="finished trials the study should hold")
-    p.add_argument("--budget-minutes", type=float, default=None, help="stop the search after this many minutes")
+    p.add_argument("--budget-minutes", type=at_least(0, float, strict=True), default=None,
+                   help="stop the search after this many minutes")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="what --budget-minutes counts: wall-clock, or this process's CPU time (shared machines)")
-    p.add_argument("--seed", type=int, default=0, help="the TPE sampler's seed (training seeds stay the config's)")
+    p.add_argument("--seed", type=SEED, default=0, help="the TPE sampler's seed (training seeds stay the config's)")
     p.add_argument("--storage", default=None, help="Optuna RDB URL (default: sqlite:///OUT/study.db)")
     p.add_argument("--fix", action="append", default=[], metavar="PARAM=VALUE",
                    help="pin a searched parameter (repeatable), e.g. --fix d_model=64 --fix schedule=wsd")

@@ -196,7 +196,12 @@ def open_study(out: Path, options: TuneOptions, identity: dict[str, Any]) -> opt
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
-    elif stored != identity:
+    elif {**stored, "fixed": None} == {**identity, "fixed": None}:
+        if stored.get("fixed") != identity.get("fixed"):
+            pins = " ".join(f"{k}={v}" for k, v in (stored.get("fixed") or {}).items())
+            raise SeqrecError(f"{redact_url(url)} holds a search with {f'--fix {pins}' if pins else 'no --fix'}; "
+                              "resume it with the same, or choose a new --out")
+    else:
         raise SeqrecError(f"{redact_url(url)} holds a search of another config or dataset; choose a new --out")
     return study
 
@@ -222,6 +227,8 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
     config_from_dict(base, source="base config")  # a bad base config fails before any trial
     budget = Budget(options.budget_minutes, options.clock)
     identity = {"base": base, "data": dataset_fingerprint(data)}
+    if options.fixed:  # its trials sampled the pinned values only; studies without pins keep their identity
+        identity["fixed"] = options.fixed
     search = Search(base, data, out, budget)
     problems = fixed_problems(options.fixed, base, search.shape)
     if problems:

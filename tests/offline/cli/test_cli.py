@@ -8,6 +8,7 @@ import pytest
 
 from offline.cli import build_parser, main
 from offline.cli.common import default_configs_dir, shipped_configs
+from tests.tiny import prepare_tiny
 
 
 def subcommands() -> list[str]:
@@ -154,6 +155,21 @@ def test_configs_are_looked_up_in_the_working_folder_then_in_what_seqrec_ships(t
     (["bench", "serve", "--artifact", "a", "--out", "o", "--requests", "x"], "argument --requests: not a number: 'x'"),
     (["evaluate", "--artifact", "a", "--data", "d", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
     (["evaluate", "--artifact", "a", "--data", "d", "--depth", "-1"], "argument --candidates/--depth: must be >= 1"),
+    # nan passed every bound: `tune --budget-minutes nan` never stopped
+    (["tune", "--data", "d", "--out", "o", "--budget-minutes", "nan"], "argument --budget-minutes: not a finite"),
+    (["tune", "--data", "d", "--out", "o", "--budget-minutes", "-1"], "argument --budget-minutes: must be > 0, got -1"),
+    (["bench", "--data", "d", "--out", "o", "--budget-minutes", "nan"], "argument --budget-minutes: not a finite"),
+    (["bench", "parity", "--artifact", "a", "--data", "d", "--ready-timeout", "inf"], "--ready-timeout: not a finite"),
+    # a negative seed was an internal error (numpy's ValueError) in each of these
+    (["prepare", "--dataset", "synthetic", "--out", "o", "--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    (["train-ranker", "--artifact", "a", "--data", "d", "--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    (["tune", "--data", "d", "--out", "o", "--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    (["bench", "index", "--out", "o", "--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    (["train", "--data", "d", "--out", "o", "--seed", str(2**32)], f"argument --seed: must be <= {2**32 - 1}"),
+    # each failed later with an internal error or, for --concurrency, a server's traceback
+    (["bench", "serve", "--artifact", "a", "--out", "o", "--concurrency", "0"], "argument --concurrency: must be >= 1"),
+    (["bench", "index", "--out", "o", "--dim", "0"], "argument --dim: must be >= 1, got 0"),
+    (["bench", "latency", "--models", "m", "--out", "o", "--n-items", "1"], "argument --n-items: must be >= 2, got 1"),
 ])
 def test_sizes_are_checked_when_parsed(argv, message, capsys):
     """`bench parity --k 0` started a server and then failed with an internal error on its first 422."""
@@ -161,3 +177,21 @@ def test_sizes_are_checked_when_parsed(argv, message, capsys):
         main(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_lists_are_checked_before_any_work(tmp_path, capsys):
+    """Each was an internal error (OverflowError, ValueError) before."""
+    data = prepare_tiny(tmp_path / "data")
+    cases = [
+        (["evaluate", "--model", "popularity", "--data", str(data), "--ks", "99999999999999999999"],
+         "--ks values must be at most 2,147,483,647, got 99999999999999999999"),
+        (["bench", "serve", "--artifact", "a", "--out", str(tmp_path / "o"), "--rates", "a"],
+         "--rates must be comma-separated numbers, got 'a'"),
+        (["bench", "two-stage", "--data", str(data), "--out", str(tmp_path / "o"), "--holdout-only", "--config",
+          str(shipped_configs() / "ml-100k" / "transformer.yaml"), "--seeds", "a"],
+         "--seeds must be comma-separated integers, got 'a'"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 1
+        assert capsys.readouterr().err.strip().splitlines() == [f"seqrec: error: {message}"]
+    assert not (tmp_path / "o").exists()

@@ -224,6 +224,7 @@ def test_a_second_train_into_the_same_out_is_refused_while_the_first_runs(prepar
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["--model.n_heads", "3"], "seqrec: error: model: d_model 16 is not divisible by n_heads 3"),
+    (["--model.d_model", "6"], "seqrec: error: model: RoPE needs an even head dimension: d_model 6 / n_heads 2 = 3"),
     (["--model.d_model", "-5"], "seqrec: error: model: d_model must be >= 1, got -5"),
     (["--model.max_len", "0"], "seqrec: error: model: max_len must be >= 1, got 0"),
 ])

@@ -54,7 +54,8 @@ def test_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return reads
 
 
-def test_tune_searches_resumes_and_its_best_config_trains(tmp_path: Path, test_reads: list[str]) -> None:
+def test_tune_searches_resumes_and_its_best_config_trains(tmp_path: Path, test_reads: list[str],
+                                                           capsys: pytest.CaptureFixture) -> None:
     data, out = prepare_tiny(tmp_path / "data"), tmp_path / "tune"
     test_reads.clear()  # `seqrec prepare` records the test targets' repeat share; the search starts now
     args = ["tune", "--data", str(data), "--out", str(out), *PINS, *BASE]
@@ -75,6 +76,14 @@ def test_tune_searches_resumes_and_its_best_config_trains(tmp_path: Path, test_r
     assert main([*args, "--trials", "3"]) == 0
     assert json.loads((out / "result.json").read_text())["trials"] == 3
     assert (out / "trials" / "0002").is_dir()
+    # Other pins would mix trials of two searches (best.yaml with d_model 32 under "fixed": {"d_model": 128}).
+    capsys.readouterr()
+    other = ["tune", "--data", str(data), "--out", str(out), *PINS[:-2], "--fix", "batch_size=128", *BASE]
+    assert main([*other, "--trials", "4"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"seqrec: error: sqlite:///{(out / 'study.db').resolve()} holds a search with --fix d_model=32 n_layers=1 "
+        "max_len=20 batch_size=256; resume it with the same, or choose a new --out")
+    assert not (out / "trials" / "0003").exists()
 
     best = yaml.safe_load((out / "best.yaml").read_text())
     assert best["model"]["d_model"] == 32
@@ -86,7 +95,6 @@ def test_tune_searches_resumes_and_its_best_config_trains(tmp_path: Path, test_r
 @pytest.mark.parametrize(("extra", "message"), [
     ([], "needs --trials N or --budget-minutes M"),
     (["--trials", "0"], "--trials must be >= 1"),
-    (["--budget-minutes", "-1"], "--budget-minutes must be > 0"),
     (["--trials", "1", "--fix", "width=3"], "unknown parameter(s) width"),
     (["--trials", "1", "--fix", "oops"], "must look like PARAM=VALUE"),
 ])
