@@ -285,6 +285,9 @@ def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDatas
         if miner is not None and int(info.get("per_user", HOLDOUT_PER_USER)) != config.holdout_per_user:
             raise SeqrecError(f"{mined_dir} holds out {info.get('per_user', HOLDOUT_PER_USER)} training items per "
                               f"user, not {config.holdout_per_user}; choose another --mined folder")
+        if int(info.get("depth", config.depth)) != config.depth:  # a ranker must be trained at the depth asked for
+            raise SeqrecError(f"{mined_dir} was mined at depth {info['depth']}, not {config.depth} (--depth); give "
+                              f"--depth {info['depth']} to reuse it, or choose another --mined folder")
         if miner is not None:  # folders mined before the early-stopping rule still hold those targets
             train = mined["train"]
             kept, _ = without_early_stop_targets(np.arange(len(train)), train.end,

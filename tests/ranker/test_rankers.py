@@ -258,7 +258,7 @@ def test_cli_mine_train_ranker_and_two_stage_evaluate(bundle: Path, prepared: Pa
     info = json.loads(capsys.readouterr().out)
     assert set(info["recall@20"]) == {"train", "valid", "test"}
     assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "mlp", "--mined",
-                 str(mined), "--mining", "direct", "--epochs", "2", "-q"]) == 0
+                 str(mined), "--mining", "direct", "--epochs", "2", "--depth", "20", "-q"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["kind"] == "mlp"
     assert "ids_masked" in summary
@@ -396,8 +396,13 @@ def test_cli_holdout_mining_and_auto_selection(bundle: Path, prepared: Path, tmp
     holdout = json.loads((mined / "holdout-retriever" / "manifest.json").read_text())
     assert info["holdout_version"] == holdout["version"] == summary["mining"]["holdout_version"]
     assert holdout["version"] != json.loads((work / "manifest.json").read_text())["version"]
-    # The folder is reused: a second ranker trains from the same groups without retraining anything.
-    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "lgbm", "-q"]) == 0
+    # The folder is reused: a second ranker trains from the same groups without retraining anything, at their
+    # depth only (at the default depth, 100, it trained on the depth-20 groups and said nothing).
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "lgbm", "-q"]) == 1
+    assert capsys.readouterr().err.strip() == (f"seqrec: error: {mined} was mined at depth 20, not 100 (--depth); "
+                                               "give --depth 20 to reuse it, or choose another --mined folder")
+    assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--kind", "lgbm", "--depth", "20",
+                 "-q"]) == 0
     assert json.loads((mined / "holdout-retriever" / "manifest.json").read_text())["version"] == holdout["version"]
     # A direct-mined folder is not silently reused for holdout training.
     assert main(["train-ranker", "--artifact", str(work), "--data", str(prepared), "--mined",
