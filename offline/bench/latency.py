@@ -56,8 +56,8 @@ def latency_curve(spec: ModelSpec, lengths: Sequence[int], batch: int, n_items: 
                   threads=torch.get_num_threads())
     generator = torch.Generator().manual_seed(0)
     for length in lengths:
-        ids = torch.randint(1, n_items + 1, (batch, length), generator=generator).to(device)  # (B, T), no padding
-        try:
+        try:  # the batch itself may not fit at long lengths
+            ids = torch.randint(1, n_items + 1, (batch, length), generator=generator).to(device)  # (B, T), no padding
             seconds = statistics.median(timed(functools.partial(model.user_vectors, ids), reps=reps,
                                               warmup=warmup, device=device))
         except Exception as err:  # out of memory at long lengths, or a length the backbone refuses

@@ -255,6 +255,8 @@ def run_two_stage(args: argparse.Namespace) -> int:
         return 0
     if not args.artifact:
         raise SeqrecError("give one --artifact per seed (trained retrievers), or --holdout-only")
+    if args.seeds:  # it was ignored: each --artifact's seed is the one its retriever was trained with
+        raise SeqrecError("--seeds goes with --holdout-only; with --artifact, each bundle's training seed counts")
     from offline.jobs.rank import checked_config
 
     try:

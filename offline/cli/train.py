@@ -165,18 +165,26 @@ def add_evaluate_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
 def _evaluate(args: argparse.Namespace) -> int:
     from offline.data.prepared import load_prepared
     from offline.evaluation.evaluate import evaluate_splits
+    from ranker.artifact import FOLDER
 
     ks = parse_ks(args.ks)
+    two_stage = args.artifact is not None and args.stage != "retriever" and (
+        args.stage == "two-stage" or (args.artifact / FOLDER).exists())
+    given = [flag for flag, on in (("--candidates", args.candidates is not None), ("--mask-ids", args.mask_ids),
+                                   ("--stage two-stage", args.stage == "two-stage")) if on]
+    if given and not two_stage:  # each was ignored without a word
+        what = "--model popularity" if args.artifact is None else (
+            "--stage retriever" if args.stage == "retriever" else f"{args.artifact}, which holds no ranker")
+        verb = "apply" if len(given) > 1 else "applies"
+        raise SeqrecError(f"{' and '.join(given)} {verb} to a two-stage evaluation, not to {what}")
     data = load_prepared(args.data)
-    if args.artifact is not None and args.stage != "retriever":
+    if two_stage:
         from offline.jobs.evaluate import evaluate_bundle
-        from ranker.artifact import FOLDER
 
-        if args.stage == "two-stage" or (args.artifact / FOLDER).exists():
-            result = evaluate_bundle(args.artifact, data, stage="two-stage", depth=args.candidates,
-                                     mask_ids=args.mask_ids, ks=ks)
-            print_json({"data": str(args.data), **result})
-            return 0
+        result = evaluate_bundle(args.artifact, data, stage="two-stage", depth=args.candidates,
+                                 mask_ids=args.mask_ids, ks=ks)
+        print_json({"data": str(args.data), **result})
+        return 0
     if args.artifact is not None:
         from offline.jobs.train import evaluate_artifact
 

@@ -190,6 +190,8 @@ def test_lists_are_checked_before_any_work(tmp_path, capsys):
         (["bench", "two-stage", "--data", str(data), "--out", str(tmp_path / "o"), "--holdout-only", "--config",
           str(shipped_configs() / "ml-100k" / "transformer.yaml"), "--seeds", "a"],
          "--seeds must be comma-separated integers, got 'a'"),
+        (["bench", "two-stage", "--data", str(data), "--out", str(tmp_path / "o"), "--artifact", "a", "--seeds", "1"],
+         "--seeds goes with --holdout-only; with --artifact, each bundle's training seed counts"),  # was ignored
     ]
     for argv, message in cases:
         assert main(argv) == 1

@@ -192,6 +192,23 @@ def test_training_refuses_to_overwrite_and_reports_bad_config(artifact: Path, pr
     assert "not valid YAML" in capsys.readouterr().err
 
 
+def test_two_stage_options_without_a_two_stage_evaluation_are_refused(artifact: Path, prepared: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    """Each was ignored: the command printed the retriever's (or popularity's) metrics and exited 0."""
+    capsys.readouterr()
+    cases = [
+        (["--artifact", str(artifact), "--candidates", "50"],
+         f"--candidates applies to a two-stage evaluation, not to {artifact}, which holds no ranker"),
+        (["--artifact", str(artifact), "--stage", "retriever", "--mask-ids"],
+         "--mask-ids applies to a two-stage evaluation, not to --stage retriever"),
+        (["--model", "popularity", "--stage", "two-stage", "--candidates", "50"],
+         "--candidates and --stage two-stage apply to a two-stage evaluation, not to --model popularity"),
+    ]
+    for options, message in cases:
+        assert main(["evaluate", "--data", str(prepared), *options]) == 1
+        assert capsys.readouterr().err.strip().splitlines() == [f"seqrec: error: {message}"]
+
+
 def test_a_second_train_into_the_same_out_is_refused_while_the_first_runs(prepared: Path, tmp_path: Path,
                                                                            capsys: pytest.CaptureFixture) -> None:
     """Two runs on one --out would interleave their checkpoints and artifact files (the loader then refuses the
