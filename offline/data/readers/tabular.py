@@ -164,8 +164,12 @@ def _as_clock(values: pa.Array, path: Path, column: str) -> pa.Array:
     raise DataError(path, f"column {column!r} has type {values.type}, not a number or a date")
 
 
-_TIME_TYPES = (pa.int64(), pa.float64(), pa.timestamp("us"))
+# ISO dates with a zone ("...T10:00:00Z", "+02:00") parse only as zoned timestamps (kept in UTC); those without
+# one only as naive timestamps, read as UTC.
+_TIME_TYPES = (pa.int64(), pa.float64(), pa.timestamp("us"), pa.timestamp("us", tz="UTC"))
 _NUMBER = r"^\s*[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|(?i:inf|infinity|nan))\s*$"  # what casts to float64
+_ZONED = r"\d:\d\d(:\d\d(\.\d+)?)?\s*((?i:z)|[+-]\d\d(:?\d\d)?)\s*$"  # a time of day, then a zone
+_KINDS = ("numbers", "dates", "dates with a zone")
 
 
 def _parse_time_strings(values: pa.Array, path: Path, column: str) -> pa.Array:
@@ -176,11 +180,14 @@ def _parse_time_strings(values: pa.Array, path: Path, column: str) -> pa.Array:
         if _cast_to_time(pa.array([value])) is None:
             raise _at(path, row, f"column {column!r}: {value!r} is neither a number nor an ISO date")
     # Each value parses alone, so they are of different kinds.
-    is_number = pc.match_substring_regex(values, _NUMBER).to_numpy(zero_copy_only=False)
-    number, date = int(np.argmax(is_number)), int(np.argmin(is_number))
-    later, earlier = max(number, date), min(number, date)
-    raise _at(path, later, f"column {column!r} mixes numbers and dates: {values[later].as_py()!r} here, "
-              f"{values[earlier].as_py()!r} at {_row_name(path, earlier)}; write every timestamp the same way")
+    number = pc.match_substring_regex(values, _NUMBER).to_numpy(zero_copy_only=False)
+    zoned = pc.match_substring_regex(values, _ZONED).to_numpy(zero_copy_only=False)
+    kind = np.where(number, 0, np.where(zoned, 2, 1))
+    other = int(np.argmax(kind != kind[0]))
+    first, second = sorted((int(kind[0]), int(kind[other])))
+    raise _at(path, other, f"column {column!r} mixes {_KINDS[first]} and {_KINDS[second]}: "
+              f"{values[other].as_py()!r} here, {values[0].as_py()!r} at {_row_name(path, 0)}; write every "
+              "timestamp the same way")
 
 
 def _cast_to_time(values: pa.Array) -> pa.Array | None:

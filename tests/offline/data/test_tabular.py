@@ -42,6 +42,16 @@ def test_bad_time_value_is_named(write):
         read_tabular(path)
 
 
+def test_iso_dates_with_a_zone_are_read_in_utc(write):
+    """They were refused as "neither a number nor an ISO date": exports with Z or an offset are common."""
+    raw = read_tabular(write("log.csv", "user_id,item_id,timestamp\n1,a,2020-01-01T10:00:00Z\n"
+                             "1,b,2020-01-01T11:00:00+02:00\n1,c,2020-01-01T10:30:00.5Z\n"))
+    assert raw.interactions.column("timestamp").to_pylist() == [1577872800, 1577869200, 1577874600.5]
+    with pytest.raises(DataError, match=r"log.csv:3: column 'timestamp' mixes dates and dates with a zone: "
+                                        r"'2020-01-01 12:00:00' here, '2020-01-01T10:00:00Z' at line 2"):
+        read_tabular(write("log.csv", "user_id,item_id,timestamp\n1,a,2020-01-01T10:00:00Z\n1,b,2020-01-01 12:00:00\n"))
+
+
 def test_unknown_column(write):
     with pytest.raises(DataError, match="no column 'user_id'"):
         read_tabular(write("log.csv", "a,b,c\n1,2,3\n"))
