@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -80,6 +81,14 @@ def at_least(low: float, kind: Callable[[str], Any] = int, *, strict: bool = Fal
         return value
 
     return parse
+
+
+def file_path(text: str) -> Path:
+    """An argparse type for a file to write: a path ending in a separator names a folder (Path drops the slash,
+    and a file of the folder's name was written)."""
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{text!r} names a folder; give a file name, e.g. {text}recs.parquet")
+    return Path(text)
 
 
 SEED = at_least(0, most=2**32 - 1)  # an argparse type: what numpy, torch and Optuna all take as a seed

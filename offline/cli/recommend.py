@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from offline.cli.common import Subparsers, print_json, set_threads
+from offline.cli.common import Subparsers, file_path, print_json, set_threads
 from retriever.errors import SeqrecError
 
 
@@ -25,7 +25,7 @@ def add_recommend_parser(sub: Subparsers, common: argparse.ArgumentParser) -> No
     who.add_argument("--users", type=Path, help="file of external user ids, one per line")
     who.add_argument("--all", action="store_true", help="every user of --data")
     p.add_argument("--k", type=int, default=10, help="items per user")
-    p.add_argument("--out", type=Path, required=True, help="Parquet file to write")
+    p.add_argument("--out", type=file_path, required=True, help="Parquet file to write")
     p.add_argument("--stage", choices=["auto", "retriever", "two-stage"], default="auto",
                    help="two-stage needs a ranker in the bundle; auto = two-stage when there is one")
     p.add_argument("--shard", default="0/1", help="I/N: only users whose id hashes to I mod N (CRC-32)")

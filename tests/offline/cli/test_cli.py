@@ -170,6 +170,8 @@ def test_configs_are_looked_up_in_the_working_folder_then_in_what_seqrec_ships(t
     (["bench", "serve", "--artifact", "a", "--out", "o", "--concurrency", "0"], "argument --concurrency: must be >= 1"),
     (["bench", "index", "--out", "o", "--dim", "0"], "argument --dim: must be >= 1, got 0"),
     (["bench", "latency", "--models", "m", "--out", "o", "--n-items", "1"], "argument --n-items: must be >= 2, got 1"),
+    # a Parquet file named like the folder was written
+    (["recommend", "--artifact", "a", "--data", "d", "--all", "--out", "recs/"], "argument --out: 'recs/' names a"),
 ])
 def test_sizes_are_checked_when_parsed(argv, message, capsys):
     """`bench parity --k 0` started a server and then failed with an internal error on its first 422."""
