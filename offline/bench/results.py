@@ -281,6 +281,9 @@ def merge_results(sources: Sequence[Path], out: Path, remarks: Sequence[str] = (
     absent = [m for m in models if m not in {r.model for r in records}]
     if absent:
         raise SeqrecError(f"no {'complete ' if min_seeds else ''}runs of {', '.join(absent)} in the sources")
+    if not records:  # an empty table written with exit 0 before
+        raise SeqrecError(f"no model has {min_seeds} finished seeds in the sources; lower --min-seeds" if min_seeds
+                          else "the sources hold no runs")
     meta = _merged_meta(payloads, out, remarks, min_seeds, models)
     out.mkdir(parents=True, exist_ok=True)
     kept = {r.model for r in records}

@@ -262,6 +262,10 @@ def test_merge_min_seeds_keeps_complete_rows_only(bench: Path, tmp_path: Path) -
     merged = json.loads((out / "results.json").read_text())
     assert [row["model"] for row in merged["models"]] == ["sasrec"]  # transformer has 1 seed, broken failed
     assert "--min-seeds 2" in merged["command"]
+    # none with 5: it wrote an empty table and exited 0
+    assert main(["bench", "merge", "--from", str(part), "--min-seeds", "5", "--out", str(tmp_path / "none"),
+                 "-q"]) == 1
+    assert not (tmp_path / "none").exists()
 
 
 def test_merge_models_keeps_only_those_runs_and_their_configs(bench: Path, tmp_path: Path,
