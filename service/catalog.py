@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import fcntl
 import functools
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ from retriever.features import feature_rows, feature_vocabulary
 from service.bundle import Bundle, BundleError, Inference, load_bundle
 
 JOURNAL = "catalogue_changes.json"
+LOCK = ".catalogue_changes.lock"
 FORMAT = "seqrec.catalogue-changes/1"
 
 
@@ -72,6 +76,22 @@ def read_journal(bundle_path: Path) -> CatalogChanges:
 def write_journal(bundle_path: Path, changes: CatalogChanges) -> None:
     text = json.dumps(changes.model_dump(mode="json"), indent=2) + "\n"
     atomic_write(bundle_path / JOURNAL, lambda p: p.write_text(text))
+
+
+@contextmanager
+def journal_lock(bundle_path: Path) -> Iterator[None]:
+    """Hold ``BUNDLE/.catalogue_changes.lock`` (flock, waiting for it): one catalogue change at a time across the
+    service's worker processes, each read from the journal on disk and written back whole."""
+    with (bundle_path / LOCK).open("a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def synced(bundle: Bundle) -> Bundle:
+    """``bundle`` with the journal on disk applied when it differs from what ``bundle`` serves (another worker
+    changed the catalogue), else ``bundle`` itself."""
+    changes = read_journal(bundle.path)
+    return bundle if changes == (bundle.changes or CatalogChanges()) else apply_changes(bundle, changes)
 
 
 def load_served(path: Path, *, inference: Inference = "auto", threads: int = 1) -> Bundle:

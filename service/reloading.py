@@ -18,6 +18,7 @@ from typing import Any
 
 from ranker.artifact import FOLDER as RANKER_FOLDER
 from service.bundle import Bundle, BundleError, resolve_bundle
+from service.catalog import JOURNAL, synced
 from service.deps import State
 
 log = logging.getLogger("seqrec.service")
@@ -30,6 +31,7 @@ async def reload_current(s: State) -> dict[str, Any]:
         path = resolve_bundle(s.settings.artifacts)
         current = s.engine.bundle
         if path == current.path and same_manifest(current):
+            await _sync_catalogue(s)  # the model is the same; another worker may have changed its catalogue
             return {"status": "unchanged", "model_version": current.version, "previous_version": current.version,
                     "seconds": round(time.perf_counter() - start, 3)}
         old, new = await s.engine.reload(path)
@@ -58,24 +60,40 @@ def same_manifest(bundle: Bundle) -> bool:
         return False
 
 
-def _published(s: State) -> tuple[str, str, str] | None:
-    """(target, manifest text, ranker manifest text or "") of ``current`` now; None when it cannot be read."""
+def _published(s: State) -> tuple[str, str, str, str] | None:
+    """(target, manifest text, ranker manifest text or "", catalogue journal text or "") of ``current`` now; None
+    when it cannot be read."""
     try:
         path = resolve_bundle(s.settings.artifacts)
-        ranker = path / RANKER_FOLDER / "manifest.json"
-        return str(path), (path / "manifest.json").read_text(), ranker.read_text() if ranker.exists() else ""
+        ranker, journal = path / RANKER_FOLDER / "manifest.json", path / JOURNAL
+        return (str(path), (path / "manifest.json").read_text(), ranker.read_text() if ranker.exists() else "",
+                journal.read_text() if journal.exists() else "")
     except (BundleError, OSError):
         return None
 
 
 async def watch_current(s: State, every_s: float) -> None:
-    """Reload whenever ``current`` changes; a refused publish is not retried until ``current`` changes again."""
+    """Reload whenever ``current`` changes, and apply the catalogue journal when only it changed (another
+    worker's `POST /admin/items` or `DELETE /admin/items/{id}`); a refused publish is not retried until
+    ``current`` changes again."""
     seen = await asyncio.to_thread(_published, s)
     while True:
         await asyncio.sleep(every_s)
         now = await asyncio.to_thread(_published, s)
         if now is None or now == seen:
             continue
+        journal_only = seen is not None and now[:3] == seen[:3]
         seen = now
+        if journal_only:
+            await _sync_catalogue(s)
+            continue
         with contextlib.suppress(BundleError):  # logged and counted; the old bundle keeps serving
             await reload_current(s)
+
+
+async def _sync_catalogue(s: State) -> None:
+    """Serve the journal on disk: another worker changed the catalogue (a retired item must not be served here)."""
+    try:
+        await s.engine.update(synced)
+    except (BundleError, OSError) as err:  # the old catalogue keeps serving; the next change tries again
+        log.warning("catalogue journal not applied: %s", err)

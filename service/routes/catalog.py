@@ -1,20 +1,33 @@
 """``POST /admin/items`` (add items without retraining) and ``DELETE /admin/items/{item_id}`` (retire one).
 
-The change is checked against the served bundle, applied to a copy of it (`service.catalog`), written to the
-bundle's journal and only then swapped in, so a failed write changes nothing and a restart serves what this
-process answered."""
+The change is made under the journal's lock (one at a time across worker processes), checked against the served
+bundle with the journal on disk applied, applied to a copy of it (`service.catalog`), written to the bundle's
+journal and only then swapped in, so a failed write changes nothing, no worker's change overwrites another's,
+and a restart serves what every worker answered. The other workers serve the journal within one reload poll
+(`service.reloading.watch_current`)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow.parquet as pq
 from fastapi import APIRouter, HTTPException
 
 from retriever.artifact import CATALOGUE
-from service.bundle import Bundle
-from service.catalog import CatalogChanges, apply_changes, catalogue_vocabulary, feature_column, pending, write_journal
+from service.bundle import Bundle, BundleError
+from service.catalog import (
+    CatalogChanges,
+    apply_changes,
+    catalogue_vocabulary,
+    feature_column,
+    journal_lock,
+    pending,
+    synced,
+    write_journal,
+)
 from service.deps import EngineDep
 from service.schemas import (
     CONFLICT,
@@ -40,13 +53,14 @@ async def add_items(body: AddItemsRequest, engine: EngineDep) -> dict[str, Any]:
     rows = [item.model_dump(exclude_none=True) for item in body.items]
     _check_columns(engine.bundle, rows)
 
-    def change(bundle: Bundle) -> Bundle:
-        changes = bundle.changes or CatalogChanges()
-        taken = {*bundle.index_of, *changes.added_ids}
-        clash = [row["item_id"] for row in rows if row["item_id"] in taken]
-        if clash:
-            raise HTTPException(409, f"already in the catalogue: {', '.join(map(repr, clash[:5]))}")
-        return _commit(bundle, changes.model_copy(update={"added": [*changes.added, *rows]}))
+    def change(served: Bundle) -> Bundle:
+        with _journal(served) as bundle:
+            changes = bundle.changes or CatalogChanges()
+            taken = {*bundle.index_of, *changes.added_ids}
+            clash = [row["item_id"] for row in rows if row["item_id"] in taken]
+            if clash:
+                raise HTTPException(409, f"already in the catalogue: {', '.join(map(repr, clash[:5]))}")
+            return _commit(bundle, changes.model_copy(update={"added": [*changes.added, *rows]}))
 
     _, new = await engine.update(change)
     log.info("catalogue: %d items added (%s)", len(rows), new.version)
@@ -58,18 +72,30 @@ async def add_items(body: AddItemsRequest, engine: EngineDep) -> dict[str, Any]:
 async def retire_item(item_id: PathId, engine: EngineDep) -> dict[str, Any]:
     already = False
 
-    def change(bundle: Bundle) -> Bundle:
+    def change(served: Bundle) -> Bundle:
         nonlocal already
-        changes = bundle.changes or CatalogChanges()
-        if item_id not in bundle.index_of and item_id not in changes.added_ids:
-            raise HTTPException(404, f"item {item_id!r} is not in the catalogue of model {bundle.version}")
-        if item_id in changes.retired:
-            already = True
-            return bundle
-        return _commit(bundle, changes.model_copy(update={"retired": [*changes.retired, item_id]}))
+        with _journal(served) as bundle:
+            changes = bundle.changes or CatalogChanges()
+            if item_id not in bundle.index_of and item_id not in changes.added_ids:
+                raise HTTPException(404, f"item {item_id!r} is not in the catalogue of model {bundle.version}")
+            if item_id in changes.retired:
+                already = True
+                return bundle
+            return _commit(bundle, changes.model_copy(update={"retired": [*changes.retired, item_id]}))
 
     _, new = await engine.update(change)
     return {"item_id": item_id, "retired": True, "already": already, "model_version": new.version}
+
+
+@contextmanager
+def _journal(served: Bundle) -> Iterator[Bundle]:
+    """Under the journal's lock, the served bundle with what other workers wrote to the journal applied: a change
+    starts from the journal on disk, never from one worker's copy, so no worker's change is written over."""
+    try:
+        with journal_lock(served.path):
+            yield synced(served)
+    except (OSError, BundleError) as err:
+        raise HTTPException(503, f"cannot use the catalogue journal beside {served.path}: {err}") from None
 
 
 def _commit(bundle: Bundle, changes: CatalogChanges) -> Bundle:

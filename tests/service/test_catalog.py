@@ -5,6 +5,7 @@ both survive a restart and a reload (the journal beside the bundle)."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from retriever.artifact import rewrite_index
 from retriever.index import IndexSpec, search
 from service.bundle import load_bundle
 from service.catalog import JOURNAL, CatalogChanges, apply_changes, load_served
-from tests.service.support import SHARED_REDIS, TINY_MODEL, serving
+from tests.service.support import SHARED_REDIS, TINY_MODEL, Server, serving
 
 KEY = "catalogue-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -90,6 +91,43 @@ def _check_served(client, n: int, retired: str) -> None:  # type: ignore[no-unty
     r = client.post("/recommend", json={"history": [retired, "i1"], "k": 5})
     assert r.json()["unknown_items"] == []  # a retired item is still read in histories
     assert retired not in [i["item_id"] for i in r.json()["items"]]
+
+
+def test_every_worker_serves_and_keeps_every_workers_changes(served_copy: Path, tmp_path: Path,
+                                                             module_redis_prefix: str) -> None:
+    """Two workers (the default with Redis on two cores): each wrote the journal whole from its own copy, so
+    retirements answered by one worker were lost when the other wrote (gone after a restart), the other worker
+    kept serving retired items, and an id added through one could be added again through the other."""
+    server = Server(tmp_path / "w", artifacts=str(served_copy), api_key=KEY, redis_url=SHARED_REDIS,
+                    redis_prefix=module_redis_prefix, workers="2", reload_poll_s="0.2")
+    server.workers = 2
+    server.start()
+    try:
+        with server.client(headers={**AUTH, "Connection": "close"}) as client:  # new connections: both workers
+            n = client.get("/readyz").json()["n_items"]
+            retired = [f"i{i}" for i in range(10, 22)]
+            for item in retired:
+                r = client.delete(f"/admin/items/{item}")
+                assert (r.status_code, r.json()["already"]) == (200, False), r.text
+            assert client.post("/admin/items", json={"items": [{"item_id": "new-1"}]}).status_code == 200
+            assert CatalogChanges.model_validate_json((served_copy / JOURNAL).read_text()).retired == retired
+            for _ in range(12):  # the changes need no poll to be seen by a change
+                assert client.post("/admin/items", json={"items": [{"item_id": "new-1"}]}).status_code == 409
+                assert client.delete(f"/admin/items/{retired[0]}").json()["already"] is True
+            time.sleep(1.0)  # five polls: each worker serves the journal
+            workers = set()
+            for _ in range(40):
+                workers.add(client.get("/readyz").json()["worker"])
+                assert not set(retired) & set(_everything(client, ["i1"], n))
+            assert len(workers) == 2
+        server.stop()
+        server.start()
+        with server.client() as client:  # after a restart, every retirement still holds
+            assert not set(retired) & set(_everything(client, ["i1"], n))
+        errors = server.server_errors()
+    finally:
+        server.stop()
+    assert not errors, "\n".join(errors)
 
 
 def test_bad_changes_are_4xx_and_change_nothing(served_copy: Path, tmp_path: Path) -> None:
