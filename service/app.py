@@ -24,10 +24,10 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retriever import seqrec_version
 from service.bundle import Bundle, resolve_bundle
@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
                                       StoreUnavailable: store_down, Overloaded: overloaded},
                   description="Two-stage sequential recommendations: retrieval over a FAISS index, then reranking.")
     app.add_middleware(_Measured, metrics=metrics)
+    app.add_middleware(_HeadAsGet)
     # Without a key, writes are open, and the OpenAPI document says so (no security scheme, no 401).
     guarded = settings.api_key_value() is not None
     for router in ROUTERS:
@@ -102,6 +103,24 @@ async def lifespan(app: FastAPI, *, settings: Settings, metrics: Metrics,
         await store.close()
 
 
+class _HeadAsGet:
+    """HEAD answered as GET, without the body: RFC 9110 has a server that supports GET support HEAD, and
+    FastAPI's routes take GET only, so `HEAD /healthz`, a load balancer's usual probe, was a 405."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            await send({**message, "body": b""} if message["type"] == "http.response.body" else message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 class _Measured:
     """`Metrics.middleware` in the shape `add_middleware` takes (a class called with the next app)."""
 
@@ -129,9 +148,16 @@ async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse
 async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
     if exc.status_code == 405:
         # Starlette lists only the methods of the first route matching the path; RFC 9110 wants them all.
+        # Every route counts: the app's own (the docs, the static files: their 405s sent an empty Allow) and the
+        # routers' (app.routes holds them wrapped); HEAD wherever GET is (`_HeadAsGet`).
         path = request.scope["path"]
-        methods = {m for router in ROUTERS for r in router.routes
-                   if isinstance(r, APIRoute) and r.path_regex.match(path) for m in r.methods or ()}
+        methods: set[str] = set()
+        for route in [*request.app.routes, *(r for router in ROUTERS for r in router.routes)]:
+            if isinstance(route, Mount) and path.startswith(route.path + "/"):
+                methods |= {"GET"}  # StaticFiles
+            elif isinstance(route, Route) and route.path_regex.match(path):
+                methods |= set(route.methods or ())
+        methods |= {"HEAD"} if "GET" in methods else set()
         exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(methods))}
     return await http_exception_handler(request, exc)
 

@@ -244,8 +244,23 @@ def test_event_timestamps_take_no_booleans(client: httpx.Client) -> None:
 def test_method_not_allowed_lists_every_method(client: httpx.Client) -> None:
     response = client.request("PUT", "/users/someone/history")
     assert response.status_code == 405
-    assert response.headers["allow"] == "DELETE, GET"
+    assert response.headers["allow"] == "DELETE, GET, HEAD"
     assert client.request("PATCH", "/recommend").headers["allow"] == "POST"
+    # the docs and the page's static files sent an empty Allow
+    for method, path in (("OPTIONS", "/docs"), ("POST", "/openapi.json"), ("OPTIONS", "/static/app.js")):
+        response = client.request(method, path)
+        assert (response.status_code, response.headers["allow"]) == (405, "GET, HEAD"), path
+
+
+def test_head_is_answered_wherever_get_is(client: httpx.Client) -> None:
+    """HEAD /healthz, a load balancer's usual probe, was a 405 (RFC 9110: a server that supports GET supports HEAD)."""
+    for path in ("/healthz", "/readyz", "/metrics", "/", "/items?query=i1", "/items/i1", "/users/someone/history",
+                 "/docs", "/static/app.js"):
+        get, head = client.get(path), client.head(path)
+        assert (head.status_code, head.content) == (get.status_code, b""), path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+    assert client.head("/items/no-such-item").status_code == 404
+    assert client.head("/recommend").status_code == 405
 
 
 def test_the_schema_documents_the_error_answers(client: httpx.Client) -> None:
