@@ -39,7 +39,7 @@ from service.reloading import watch_current
 from service.routes import admin, catalog, events, health, history, items, recommend, web
 from service.schemas import UNAUTHORIZED
 from service.settings import Settings
-from service.store import StoreUnavailable, make_store
+from service.store import ForeignHistory, StoreUnavailable, make_store
 
 log = logging.getLogger("seqrec.service")
 # In the order the routes are matched and documented; `WRITES` need the API key when the service has one.
@@ -56,7 +56,8 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
     app = FastAPI(title="seqrec", version=seqrec_version(), max_body_size=settings.max_body_bytes,
                   lifespan=functools.partial(lifespan, settings=settings, metrics=metrics, preloaded=bundle),
                   exception_handlers={RequestValidationError: invalid, StarletteHTTPException: http_error,
-                                      StoreUnavailable: store_down, Overloaded: overloaded},
+                                      StoreUnavailable: store_down, ForeignHistory: foreign_history,
+                                      Overloaded: overloaded},
                   description="Two-stage sequential recommendations: retrieval over a FAISS index, then reranking.")
     app.add_middleware(_Measured, metrics=metrics)
     app.add_middleware(_HeadAsGet)
@@ -165,6 +166,10 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
 async def overloaded(request: Request, exc: Overloaded) -> JSONResponse:
     request.app.state.seqrec.metrics.shed.inc()
     return JSONResponse({"detail": f"overloaded, retry later: {exc}"}, status_code=503, headers={"Retry-After": "1"})
+
+
+async def foreign_history(request: Request, exc: ForeignHistory) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=409)  # a retry cannot help, a DELETE of the history can
 
 
 async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:

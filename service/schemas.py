@@ -356,6 +356,9 @@ UNAUTHORIZED: Responses = {401: {"model": Problem, "headers": {"WWW-Authenticate
 TOO_LARGE: Responses = {413: {"description": "body over SEQREC_MAX_BODY_BYTES", "content": TEXT}}
 STORE_DOWN: Responses = {503: {"model": Problem, "headers": {"Retry-After": {"schema": {"type": "integer"}}},
                                 "description": "history store unreachable: nothing was read or stored, retry"}}
+FOREIGN: Responses = {409: {"model": Problem, "description": "the user's stored history holds values seqrec did not "
+                                                             "write (another program's, under the key prefix); "
+                                                             "DELETE /users/{user_id}/history clears it"}}
 UNKNOWN_ITEM: Responses = {404: {"model": Problem, "description": "the item is not in the served catalogue"}}
 CONFLICT: Responses = {409: {"model": Problem, "description": "an id already in the catalogue (or twice in the "
                                                               "request), or a column the served catalogue lacks"}}

@@ -48,7 +48,7 @@ import redis.exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from retriever.errors import SeqrecError
+from retriever.errors import SeqrecError, first_line
 from service.redis_errors import PROBE_MS, STORE_ERRORS, probe, redact_url, redis_state
 from service.settings import DEFAULT_SEEN_CAP, Settings
 from service.store_lua import APPEND
@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 class StoreUnavailable(SeqrecError):
     """The history store cannot serve now (down, timing out, loading, full, refusing the request); the API maps
     it to 503."""
+
+
+class ForeignHistory(SeqrecError):
+    """A user's keys hold values seqrec did not write (Redis WRONGTYPE); the API maps it to 409."""
 
 
 @dataclass(frozen=True)
@@ -299,10 +303,14 @@ class RedisStore:
         return args
 
     @contextmanager
-    def _unavailable_as_store_error(self) -> Iterator[None]:
+    def _unavailable_as_store_error(self, user_id: str | None = None) -> Iterator[None]:
         try:
             yield
         except STORE_ERRORS as e:
+            if "WRONGTYPE" in str(e):  # another program's value under the prefix: retrying cannot help
+                raise ForeignHistory(f"the stored history of {f'user {user_id!r}' if user_id else 'a user'} (keys "
+                                     f"{self.prefix}*) holds values seqrec did not write ({first_line(e)}); "
+                                     "DELETE /users/{user_id}/history clears it") from e
             raise StoreUnavailable(f"Redis at {self.url} {redis_state(e)}: {str(e) or type(e).__name__}") from e
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
@@ -310,7 +318,7 @@ class RedisStore:
         _check_max_len(max_len)
         _check_events(events)
         key = self._key(user_id)
-        with self._unavailable_as_store_error():
+        with self._unavailable_as_store_error(user_id):
             if not events:
                 return int(await self._redis.llen(key))
             length = await self._append_script(keys=self._keys(user_id), args=self._script_args(events, max_len))
@@ -333,20 +341,19 @@ class RedisStore:
 
     async def history(self, user_id: str) -> list[Event]:
         _check_user(user_id)
-        with self._unavailable_as_store_error():
+        with self._unavailable_as_store_error(user_id):
             raw_entries = await self._redis.lrange(self._key(user_id), 0, -1)
         return _decode_window(raw_entries, user_id)
 
     async def read(self, user_id: str) -> UserHistory:
         _check_user(user_id)
         window_key, seen_key, _ = self._keys(user_id)
-        with self._unavailable_as_store_error():
+        with self._unavailable_as_store_error(user_id):
             try:
                 raw_entries, seen = await self._read_keys(window_key, seen_key, transaction=True)
             except rex.OutOfMemoryError:
-                # Past maxmemory Redis refuses to queue any MULTI block, reads included. Full under noeviction
-                # it refuses every write too (only deletions get through, and a deleted window's items stay
-                # seen by the union below), so the two reads without MULTI still see one history.
+                # Past maxmemory Redis queues no MULTI block, reads included; it then takes no write but a deletion
+                # (whose window items stay seen by the union below), so the reads without MULTI see one history.
                 raw_entries, seen = await self._read_keys(window_key, seen_key, transaction=False)
         events = _decode_window(raw_entries, user_id)
         return UserHistory(events, frozenset(i.decode() for i in seen).union(e.item_id for e in events))

@@ -7,14 +7,14 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.deps import StoreDep
-from service.schemas import INVALID, STORE_DOWN, DeleteResponse, HistoryResponse, PathId
+from service.schemas import FOREIGN, INVALID, STORE_DOWN, DeleteResponse, HistoryResponse, PathId
 
 router = APIRouter()
 writes = APIRouter()
 
 
 @router.get("/users/{user_id:id}/history", response_model=HistoryResponse, response_model_exclude_none=True,
-            responses={**INVALID, **STORE_DOWN})
+            responses={**INVALID, **STORE_DOWN, **FOREIGN})
 async def get_history(user_id: PathId, store: StoreDep) -> dict[str, Any]:
     events = await store.history(user_id)
     return {"user_id": user_id, "items": [{"item_id": e.item_id, "timestamp": e.timestamp} for e in events]}

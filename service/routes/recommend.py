@@ -10,13 +10,13 @@ from service.answer import answer
 from service.deps import StateDep
 from service.filters import FilterError
 from service.recommend import NeedsCausalModel
-from service.schemas import INVALID, STORE_DOWN, TOO_LARGE, UNREADABLE, RecommendRequest, RecommendResponse
+from service.schemas import FOREIGN, INVALID, STORE_DOWN, TOO_LARGE, UNREADABLE, RecommendRequest, RecommendResponse
 
 router = APIRouter()
 
 
 @router.post("/recommend", response_model=RecommendResponse,
-             responses={**UNREADABLE, **INVALID, **TOO_LARGE,
+             responses={**UNREADABLE, **INVALID, **TOO_LARGE, **FOREIGN,
                         503: {**STORE_DOWN[503], "description": "user_id-only request while the history store "
                                                                  "is unreachable, or SEQREC_MAX_QUEUE requests "
                                                                  "already wait for the model (load shedding)"}})

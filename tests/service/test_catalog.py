@@ -4,10 +4,12 @@ both survive a restart and a reload (the journal beside the bundle)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -104,6 +106,7 @@ def test_every_worker_serves_and_keeps_every_workers_changes(served_copy: Path, 
     server.start()
     try:
         with server.client(headers={**AUTH, "Connection": "close"}) as client:  # new connections: both workers
+            _both_workers_ready(client)  # `start` returns once the first is; the second may still be loading
             n = client.get("/readyz").json()["n_items"]
             retired = [f"i{i}" for i in range(10, 22)]
             for item in retired:
@@ -128,6 +131,16 @@ def test_every_worker_serves_and_keeps_every_workers_changes(served_copy: Path, 
     finally:
         server.stop()
     assert not errors, "\n".join(errors)
+
+
+def _both_workers_ready(client, wait_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    seen: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while len(seen) < 2 and time.monotonic() < deadline:
+        with contextlib.suppress(httpx.TransportError):
+            seen.add(client.get("/readyz").json()["worker"])
+        time.sleep(0.05)
+    assert len(seen) == 2, f"one worker answered in {wait_s:g} s"
 
 
 def test_bad_changes_are_4xx_and_change_nothing(served_copy: Path, tmp_path: Path) -> None:

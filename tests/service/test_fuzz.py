@@ -267,9 +267,9 @@ def test_the_schema_documents_the_error_answers(client: httpx.Client) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     documented = {(method.upper(), path): set(op["responses"]) for path, ops in paths.items()
                   for method, op in ops.items()}
-    assert documented[("POST", "/recommend")] == {"200", "400", "413", "422", "503"}
-    assert documented[("POST", "/events")] == {"200", "400", "401", "413", "422", "503"}
-    assert documented[("GET", "/users/{user_id}/history")] == {"200", "422", "503"}
+    assert documented[("POST", "/recommend")] == {"200", "400", "409", "413", "422", "503"}
+    assert documented[("POST", "/events")] == {"200", "400", "401", "409", "413", "422", "503"}
+    assert documented[("GET", "/users/{user_id}/history")] == {"200", "409", "422", "503"}
     assert documented[("DELETE", "/users/{user_id}/history")] == {"200", "401", "422", "503"}
     assert documented[("GET", "/items/{item_id}")] == {"200", "404", "422"}
     assert documented[("POST", "/admin/reload")] == {"200", "401", "409", "413"}

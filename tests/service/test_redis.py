@@ -158,3 +158,30 @@ def test_errors_redis_answers_are_503_naming_them_not_500(bundle: Path, redis_se
                 assert _ok(client.get("/readyz"))["status"] == "degraded"
     finally:
         admin.close()
+
+
+def test_a_key_another_program_wrote_is_a_409_that_a_delete_clears(redis_api: Server, module_redis_prefix: str) -> None:
+    """A string where the user's list should be (WRONGTYPE) was a 503 "retry later" that no retry could cure."""
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    admin = redis.Redis.from_url(SHARED_REDIS)
+    try:
+        admin.set(f"{module_redis_prefix}history:{user}", "not a list")
+        with redis_api.client() as client:
+            for response in (client.get(f"/users/{user}/history"),
+                             client.post("/recommend", json={"user_id": user, "k": 3}),
+                             client.post("/events", json={"user_id": user, "item_id": "i1"})):
+                assert response.status_code == 409, response.text
+                detail = response.json()["detail"]
+                assert detail.startswith(f"the stored history of user {user!r} (keys {module_redis_prefix}*) holds "
+                                         "values seqrec did not write")
+                assert detail.endswith("; DELETE /users/{user_id}/history clears it")
+            batch = client.post("/events", json={"events": [{"user_id": user, "item_id": "i1"},
+                                                            {"user_id": f"{user}-other", "item_id": "i1"}]})
+            assert (batch.status_code, batch.json()["detail"][:32]) == (409, "the stored history of a user (ke")
+            assert client.get("/readyz").json()["status"] == "ready"
+            assert client.delete(f"/users/{user}/history").json()["deleted"] is True
+            assert _ok(client.post("/events", json={"user_id": user, "item_id": "i1"}))["stored"] == 1
+    finally:
+        admin.delete(*(f"{module_redis_prefix}{kind}:{who}" for kind in ("history", "seen", "cut")
+                       for who in (user, f"{user}-other")))
+        admin.close()
