@@ -86,8 +86,12 @@ class Bundle:
     def __post_init__(self) -> None:
         order = self.popular.tolist()
         rows = [(i, self.external(i), str(self.metadata[i - 1].get("title", "")).casefold()) for i in order]
+        # Ranks over every item, retired ones included (a retired item had rank 0; retiring one shifts no other's):
+        # the base bundle's order, then the added items, as `service.catalog.apply_changes` orders them.
+        ranked = self.popular if self.base is None else np.concatenate(
+            [self.base.popular, np.arange(self.base.n_items + 1, self.n_items + 1)])
         rank = np.zeros(self.n_items + 1, dtype=np.int64)
-        rank[self.popular] = np.arange(1, len(order) + 1)
+        rank[ranked] = np.arange(1, len(ranked) + 1)
         object.__setattr__(self, "_by_popularity", rows)
         object.__setattr__(self, "popularity_rank", rank)
         object.__setattr__(self, "filters", CatalogueFilters.from_metadata(self.metadata))

@@ -73,6 +73,9 @@ def test_added_items_are_served_at_once_and_retired_ones_never(served_copy: Path
         assert client.delete(f"/admin/items/{popular[0]}").json() == {
             "item_id": popular[0], "retired": True, "already": False, "model_version": ready["model_version"]}
         assert client.delete(f"/admin/items/{popular[0]}").json()["already"] is True
+        ranks = {i["item_id"]: i["popularity_rank"] for q in popular[:2]
+                 for i in client.get("/items", params={"query": q}).json()["items"] if i["item_id"] == q}
+        assert ranks == {popular[0]: 1, popular[1]: 2}  # the retired item's was 0; nobody else's shifts
         _check_served(client, n, popular[0])
         server.stop()
         server.start()  # a restart serves the same catalogue
