@@ -4,7 +4,8 @@
 fails is refused and the old one keeps serving). A POST reaches one worker only, so with
 ``SEQREC_WORKERS`` > 1 every worker also runs `watch_current`: every ``SEQREC_RELOAD_POLL_S`` seconds
 it compares ``current`` (its target, its manifest and its ranker's) with what it serves and reloads on a
-change, so a publish reaches every worker within one poll, with or without the POST.
+change, so a publish reaches every worker within one poll, with or without the POST. It also watches the
+bundle's catalogue journal and applies it when another worker has changed the catalogue.
 """
 
 from __future__ import annotations
