@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from offline.cli.common import configure_logging
+from offline.cli.common import SEED, configure_logging
 from offline.data.derive import HELD_OUT, hold_out_items
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.data.sequences import Sequences
@@ -183,14 +183,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--data", required=True, help="prepared folder")
     s.add_argument("--out", required=True, help="folder for train/ and held_out_items.parquet")
     s.add_argument("--share", type=float, default=0.05)
-    s.add_argument("--seed", type=int, default=42)
+    s.add_argument("--seed", type=SEED, default=42)
     s.set_defaults(handler=split_main)
     e = sub.add_parser("evaluate", help="add the held-out items to a trained bundle and rank them")
     e.add_argument("--data", required=True, help="the original prepared folder")
     e.add_argument("--split", required=True, help="the folder `split` wrote")
     e.add_argument("--artifact", required=True, help="a bundle trained on SPLIT/train")
     e.add_argument("--out", required=True, help="results folder (results.json, results.md)")
-    e.add_argument("--seed", type=int, default=0, help="seed of the random-vector baseline and the user sample")
+    e.add_argument("--seed", type=SEED, default=0, help="seed of the random-vector baseline and the user sample")
     e.add_argument("--sample", type=int, default=3000, help="other test users checked for side effects")
     e.set_defaults(handler=evaluate_main)
     return p

@@ -36,6 +36,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from offline.cli.common import SEED
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.train import item_feature_matrix
 from offline.tables import markdown_table
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=40, help="timed calls per path and cell")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per path and cell")
     parser.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime threads")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--remark", default="", help="what else ran on the machine meanwhile")
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from offline.bench.load import Call, open_loop
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.processes import SERVICE_APP, start_server_process
-from offline.cli.common import configure_logging
+from offline.cli.common import SEED, configure_logging
 from offline.tables import markdown_table
 from retriever.errors import SeqrecError
 from service.bundle import Bundle, load_bundle
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--server-code", type=Path, default=None, help="source tree the server runs from")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     args = p.parse_args(argv)
     configure_logging(logging.INFO)
     report = run(args)

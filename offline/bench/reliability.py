@@ -22,6 +22,7 @@ import numpy as np
 from offline.bench.load import Call, run_load
 from offline.bench.payloads import short_payloads
 from offline.bench.processes import SERVICE_APP, RunningServer, start_server_process
+from offline.cli.common import SEED
 from offline.jobs.versions import CURRENT, VERSIONS
 from retriever.errors import SeqrecError
 
@@ -74,7 +75,7 @@ def scenario_parser(doc: str | None, threads_help: str = "training threads, when
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, default=Path("/tmp/rel-artifacts"), help="a pipeline's output")
     parser.add_argument("--config", type=Path, default=Path("configs/pipeline/demo.yaml"))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--threads", type=int, default=1, help=threads_help)
     return parser
 

@@ -45,7 +45,7 @@ from offline.bench.processes import (
     stop_process,
 )
 from offline.bench.sweeps import max_sustained_rate, report_table
-from offline.cli.common import configure_logging
+from offline.cli.common import SEED, configure_logging
 from offline.tables import markdown_table
 
 NGINX_CONF = Path(__file__).resolve().parents[2] / "docker" / "nginx.conf"
@@ -195,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=500, help="distinct request bodies, sent in turn")
     parser.add_argument("--min-len", type=int, default=50, help="shortest history in a request")
     parser.add_argument("--max-len", type=int, default=200, help="longest history in a request")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--redis-url", default=None,
                         help="history store shared by the replicas, e.g. redis://127.0.0.1:6379/15 (requests carry "
                              "their histories, so it is only pinged by /readyz); default: each replica's in-process "

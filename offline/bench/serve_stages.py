@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from offline.bench.measure import median_cpu_ms
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
+from offline.cli.common import SEED
 from offline.tables import markdown_table
 from ranker.features import compute_features
 from service.bundle import Bundle, load_bundle
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--max-len", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     args = p.parse_args(argv)
     set_threads(1)
     bundle = load_bundle(args.artifact)

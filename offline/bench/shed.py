@@ -26,6 +26,7 @@ from offline.bench.load import run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.processes import SERVICE_APP, start_server_process
 from offline.bench.sweeps import parse_rates
+from offline.cli.common import SEED
 from offline.tables import markdown_table
 
 
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=2.0, help="seconds per rate before measuring")
     p.add_argument("--timeout", type=float, default=2.0, help="client timeout per request (counts as an error)")
     p.add_argument("--requests", type=int, default=2000, help="distinct request bodies")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     args = p.parse_args(argv)
     rates = parse_rates(args.rates)
     queues = [int(q) for q in args.queues.split(",")]
