@@ -29,7 +29,8 @@ def add_serve_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--artifacts", type=Path, default=None, help="artifacts folder or bundle (SEQREC_ARTIFACTS)")
     p.add_argument("--host", default=None, help="interface to bind (SEQREC_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port (SEQREC_PORT, default 8000)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (SEQREC_WORKERS, default 1)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (SEQREC_WORKERS; default: one per core, at most 8, with --redis-url, else 1)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (SEQREC_THREADS)")
     p.add_argument("--redis-url", default=None, help="history store, e.g. redis://localhost:6379/0")
     p.add_argument("--max-batch", type=int, default=None, help="requests per forward pass (SEQREC_MAX_BATCH)")
