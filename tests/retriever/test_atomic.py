@@ -1,5 +1,6 @@
-"""replace_dir: a folder replaced as a whole, and never absent where the kernel can swap two paths; exclusive: one
-holder of a lock file at a time."""
+"""atomic_write: a file written whole or not at all; replace_dir: a folder replaced as a whole, and never absent where
+the kernel can swap two paths; switch_current: the published link only ever renamed over; exclusive: one holder of a
+lock file at a time."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from offline.jobs.versions import CURRENT, switch_current
 from retriever import atomic
-from retriever.atomic import exclusive, replace_dir
+from retriever.atomic import atomic_write, exclusive, replace_dir
 from retriever.errors import SeqrecError
 
 
@@ -17,6 +19,53 @@ def _folder(path: Path, text: str) -> Path:
     path.mkdir()
     (path / "manifest.json").write_text(text)
     return path
+
+
+def test_a_write_that_fails_keeps_the_old_file_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text("old")
+
+    def half_then_fail(tmp: Path) -> None:
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(path, half_then_fail)
+    assert path.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+    atomic_write(path, lambda tmp: tmp.write_text("new"))
+    assert path.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
+def test_current_is_switched_by_one_rename_and_never_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server reloading, or `seqrec catalog`, reads ARTIFACTS/current at any moment: an unlink then a new link
+    would leave a moment with no `current` at all."""
+    v1, v2 = _folder(tmp_path / "v1", "1"), _folder(tmp_path / "v2", "2")
+    link = tmp_path / CURRENT
+    switch_current(tmp_path, v1)
+    assert (link / "manifest.json").read_text() == "1"
+    renames: list[tuple[str, str]] = []
+    replace = os.replace
+
+    def watched(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        assert (link / "manifest.json").read_text() == "1"  # the old version is served up to the rename itself
+        renames.append((Path(src).name, Path(dst).name))
+        replace(src, dst)
+
+    unlink = Path.unlink
+
+    def guarded(self: Path, missing_ok: bool = False) -> None:
+        assert self != link, "current was unlinked"
+        unlink(self, missing_ok)
+
+    monkeypatch.setattr(os, "replace", watched)
+    monkeypatch.setattr(Path, "unlink", guarded)
+    switch_current(tmp_path, v2)
+    assert renames == [(f".{CURRENT}.{os.getpid()}.tmp", CURRENT)]
+    assert (link / "manifest.json").read_text() == "2"
+    assert os.readlink(link) == "v2"  # relative: the folder can move with its versions
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CURRENT, "v1", "v2"]
 
 
 def _can_exchange(tmp_path: Path) -> bool:
