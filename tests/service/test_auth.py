@@ -21,6 +21,9 @@ WRONG = [
     {"Authorization": KEY},
     {"Authorization": "Bearer"},
     {"X-Api-Key": KEY},
+    {"Authorization": f"Bearer {KEY[:-1]}"},  # a prefix of the key, or another case, is another key
+    {"Authorization": f"Bearer {KEY[:1]}"},
+    {"Authorization": f"Bearer {KEY.upper()}"},
 ]
 RIGHT = {"Authorization": f"Bearer {KEY}"}
 READS_BY_POST = {"/recommend"}  # a query in a body: open, as every read is
