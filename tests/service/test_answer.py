@@ -133,6 +133,25 @@ async def test_a_stored_user_never_gets_back_an_item_that_left_the_window(served
     assert set(before) & {item["item_id"] for item in unfiltered["items"]}
 
 
+async def test_the_popularity_answer_leaves_out_a_stored_users_seen_items(served: Bundle, engine: Engine,
+                                                                         store: HistoryStore) -> None:
+    """A user whose window holds only ids the catalogue does not know (/events stores them) gets the popularity
+    answer; the known items they saw before, the most popular ones here, stay out of it, as they would of the
+    model's answer."""
+    k, max_len = 10, served.max_len
+    seen = [served.external(i) for i in served.popular[:k].tolist()]
+    await store.append("p", [Event(i, float(t)) for t, i in enumerate(seen)], max_len)
+    await store.append("p", [Event(f"not-in-catalogue-{t}", 100.0 + t) for t in range(max_len)], max_len)
+    answered = await answer(RecommendRequest(user_id="p", k=k), engine, store, Metrics())
+    assert answered["fallback"] == "popularity"
+    items = [item["item_id"] for item in answered["items"]]
+    assert len(items) == k
+    assert not set(items) & set(seen)
+    assert items == [served.external(i) for i in served.popular[k:2 * k].tolist()]
+    unfiltered = await answer(RecommendRequest(user_id="p", k=k, exclude_seen=False), engine, store, Metrics())
+    assert [item["item_id"] for item in unfiltered["items"]] == seen
+
+
 def _with_policy(bundle: Path, out: Path, repeats: str | None) -> Path:
     """A copy of ``bundle`` whose manifest says ``repeats`` (None: no policy at all, as before it existed)."""
     shutil.copytree(bundle, out)
