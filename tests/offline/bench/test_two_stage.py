@@ -85,7 +85,6 @@ def test_results_are_written_into_an_out_folder_nothing_made_yet(tmp_path: Path)
     assert "defaults, the MLP's ID dropout 0.3," in (out / "results.md").read_text()
 
 
-@pytest.mark.slow
 def test_two_stage_bench_reuses_the_holdout_retriever_and_reports_the_bundles_figures(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data = prepare_tiny(tmp_path / "data")

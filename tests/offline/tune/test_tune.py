@@ -179,7 +179,6 @@ def test_pipeline_tune_section_needs_a_budget(tmp_path: Path) -> None:
         load_pipeline_config(_pipeline_config(tmp_path, {"seed": 1}))
 
 
-@pytest.mark.slow
 def test_pipeline_tunes_then_trains_the_best_config(tmp_path: Path) -> None:
     fix = {"d_model": 32, "n_layers": 1, "max_len": 20, "batch_size": 256}
     config = _pipeline_config(tmp_path, {"trials": 2, "fix": fix})
