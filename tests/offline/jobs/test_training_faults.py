@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from service.bundle import load_bundle
@@ -67,7 +68,8 @@ def test_kill_during_training_keeps_current_and_resume_reaches_the_same_metric(t
     record = json.loads((out / "current" / "pipeline.json").read_text())
     assert record["stages"]["train"]["resumed"] is True
     assert load_bundle(out / "current").version != served
-    assert abs(_valid(out) - _valid(tmp_path / "ref")) <= 0.01  # seed 5, one thread: resume restores RNG state
+    # seed 5, one thread: resume restores the RNG state, so it ends where the uninterrupted run does
+    assert _valid(out) == pytest.approx(_valid(tmp_path / "ref"), abs=1e-6)
 
 
 def test_kill_during_publish_keeps_current_and_resume_switches(tmp_path: Path) -> None:
