@@ -6,7 +6,6 @@ copies (expecting the breakage named), so a check that can no longer fail shows 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import threading
 import urllib.error
@@ -20,6 +19,7 @@ import pytest
 
 from offline.bench import replicas
 from service.settings import Settings
+from tests import needs
 from tests.docker.support import (
     COMPOSE,
     NGINX_CONF,
@@ -35,7 +35,6 @@ from tests.docker.support import (
 DOCKER_DNS = "127.0.0.11"
 # nginx CHANGES, 1.27.3: "the "server" directive in the "upstream" block supports the "resolve" parameter".
 RESOLVE_SINCE = (1, 27, 3)
-NO_NGINX = "nginx is not installed (Debian: apt-get install nginx); the static checks of docker/nginx.conf still run"
 
 
 def upstream_problems(directives: list[Directive], image: str) -> list[str]:
@@ -211,8 +210,8 @@ def test_bench_runs_docker_nginx_conf_with_only_the_servers_replaced(tmp_path):
         replicas.local_nginx_config("http {\n}\n", ["127.0.0.1:1"], "127.0.0.1:3", tmp_path)
 
 
-@pytest.mark.skipif(shutil.which("nginx") is None, reason=NO_NGINX)
 def test_nginx_accepts_the_config(tmp_path):
+    needs.program("nginx")
     # `api` and 127.0.0.11 exist only on the compose network; an nginx older than 1.27.3 (Debian 12 has
     # 1.22) rejects `resolve`, so it checks everything else.
     resolve = replicas.nginx_version() >= RESOLVE_SINCE
@@ -272,8 +271,8 @@ def call(url: str, method: str = "GET", body: bytes | None = None,
         return err.code, dict(err.headers)
 
 
-@pytest.mark.skipif(shutil.which("nginx") is None, reason=NO_NGINX)
 def test_nginx_skips_a_dead_replica_passes_ids_and_enforces_the_body_limit(echo_server):
+    needs.program("nginx")
     address, seen = echo_server
     # nothing listens there, so every connection is refused; max_fails=0 keeps nginx sending it its
     # round-robin share instead of setting it aside after the first failure

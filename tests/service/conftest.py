@@ -4,7 +4,6 @@ uvicorn process."""
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -14,13 +13,12 @@ import redis
 
 from service.settings import Settings
 from service.store import HistoryStore, make_store
+from tests import needs
 from tests.service.support import (
-    REDIS_SERVER,
     SHARED_REDIS,
     RedisServer,
     Server,
     free_port,
-    listening,
     prepare_synthetic,
     serving,
     train_bundle,
@@ -43,11 +41,6 @@ def bundle(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_bundle(prepared, tmp_path_factory.mktemp("bundles") / "v1", seed=3)
 
 
-def _shared_redis_or_skip() -> None:
-    if not listening(6379):
-        pytest.skip("no Redis listening on 127.0.0.1:6379")
-
-
 def _delete_prefix(prefix: str) -> None:
     with redis.Redis.from_url(SHARED_REDIS) as client:
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
@@ -58,7 +51,7 @@ def _delete_prefix(prefix: str) -> None:
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:
     """A unique prefix on db 15 of the shared Redis; every key under it is deleted afterwards."""
-    _shared_redis_or_skip()
+    needs.shared_redis()
     prefix = f"seqrec-test:{uuid.uuid4().hex}:"
     yield prefix
     _delete_prefix(prefix)
@@ -67,7 +60,7 @@ def redis_prefix() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def module_redis_prefix() -> Iterator[str]:
     """``redis_prefix`` for a module-scoped server."""
-    _shared_redis_or_skip()
+    needs.shared_redis()
     prefix = f"seqrec-test:{uuid.uuid4().hex}:"
     yield prefix
     _delete_prefix(prefix)
@@ -75,8 +68,7 @@ def module_redis_prefix() -> Iterator[str]:
 
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
-    if not shutil.which(REDIS_SERVER):
-        pytest.skip(f"{REDIS_SERVER} not found")
+    needs.program("redis-server")
     server = RedisServer(free_port())
     server.start()
     yield server

@@ -20,6 +20,7 @@ from offline.bench.redis_faults import redis_faults
 from offline.bench.soak import soak
 from offline.jobs.versions import switch_current
 from retriever.errors import SeqrecError
+from tests import needs
 from tests.service.support import Server, free_port, serving, train_bundle
 
 
@@ -30,8 +31,7 @@ def _explain(report: dict[str, Any]) -> str:
 
 @pytest.fixture
 def redis_with_aof(tmp_path: Path) -> RedisProcess:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not found")
+    needs.program("redis-server")
     return RedisProcess(free_port(), tmp_path / "redis")
 
 
@@ -85,8 +85,7 @@ def test_redis_killed_and_restarted_under_load(bundle: Path, redis_with_aof: Red
 
 
 def test_redis_faults_needs_a_persistent_redis(api: Server) -> None:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not found")
+    needs.program("redis-server")
     with pytest.raises(SeqrecError, match="append-only file"):
         redis_faults(api.url, RedisProcess(free_port()), ["i1"], rate=1, before_s=1, down_s=1, after_s=1)
 

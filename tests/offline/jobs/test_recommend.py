@@ -4,7 +4,6 @@ concatenate to the whole; Redis lists are written and expire; bad arguments are 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,13 +15,12 @@ import pytest
 import redis
 
 from offline.cli import main as seqrec
+from tests import needs
 from tests.service.support import (
-    REDIS_SERVER,
     SHARED_REDIS,
     RedisServer,
     Server,
     free_port,
-    listening,
     prepare_synthetic,
     serving,
     train_bundle,
@@ -122,8 +120,7 @@ def test_item_files_restrict_and_exclude(tiny: tuple[Path, Path], tmp_path: Path
 
 
 def test_redis_lists_are_written_and_expire(tiny: tuple[Path, Path], tmp_path: Path) -> None:
-    if not listening(6379):
-        pytest.skip("no Redis listening on 127.0.0.1:6379")
+    needs.shared_redis()
     prefix = f"seqrec-test:{uuid.uuid4().hex}:"
     lists = _run(tiny, tmp_path / "recs.parquet", "--all", "--k", "4", "--redis-url", SHARED_REDIS,
                  "--redis-prefix", prefix, "--ttl", "2")
@@ -145,8 +142,7 @@ def test_a_redis_that_refuses_writes_is_a_one_line_error(tiny: tuple[Path, Path]
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """A Redis that answers PING but refuses the lists (full: maxmemory reached under noeviction) is the
     user's to fix: one line naming it, exit 1, no Parquet file (it was an internal error with a traceback hint)."""
-    if not shutil.which(REDIS_SERVER):
-        pytest.skip(f"{REDIS_SERVER} not found")
+    needs.program("redis-server")
     full = RedisServer(free_port())
     full.start()
     try:
