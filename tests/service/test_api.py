@@ -65,7 +65,11 @@ def test_recommend_with_history(client: httpx.Client, catalogue: list[str], read
     assert answer["fallback"] is None  # present, as null
     assert answer["history_used"] == 5
     assert set(answer["timing_ms"]) == {"queue", "encode", "search", "rerank", "total"}
-    assert all(v >= 0 for v in answer["timing_ms"].values())
+    timing = answer["timing_ms"]
+    assert all(v >= 0 for v in timing.values())
+    assert timing["encode"] > 0  # a history sent with the request is encoded
+    # the parts of the request's time (total also counts parsing and the store read before them)
+    assert timing["queue"] + timing["encode"] + timing["search"] + timing["rerank"] <= timing["total"] + 1e-6
     items = answer["items"]
     assert [i["rank"] for i in items] == list(range(1, 8))
     assert len(set(_ids(answer))) == 7

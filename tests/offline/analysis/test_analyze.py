@@ -9,6 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
+from offline.analysis.analyze import item_vectors
+from offline.analysis.geometry import linear_cka
 from offline.analysis.report import render_html
 from offline.cli import main
 from offline.data.prepared import load_prepared
@@ -74,7 +76,10 @@ def test_breakdown_and_geometry_agree_with_the_artifacts(setup: dict[str, Path])
     cka = np.array(report["cka"]["matrix"])
     assert np.allclose(cka, cka.T)
     assert np.allclose(np.diag(cka), 1.0)
-    assert 0.0 <= cka[0, 1] < 1.0
+    # the two models' own item vectors, in the report's order (linear_cka itself: test_geometry.py)
+    first, second = (item_vectors(load_artifact(setup[label])) for label in labels)
+    assert cka[0, 1] == pytest.approx(linear_cka(first, second), abs=1e-6)
+    assert cka[0, 1] < 0.999  # two trainings, two geometries
     assert set(report["tsne"]["models"]) == set(labels)
     assert all(len(xy) == 40 for xy in report["tsne"]["models"].values())
 
