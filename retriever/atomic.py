@@ -1,4 +1,4 @@
-"""Files that are either fully written or not there: write to a temp name, then rename."""
+"""Files that are either fully written or not there: write to a temp name, flush it to disk, then rename."""
 
 from __future__ import annotations
 
@@ -22,13 +22,40 @@ from retriever.errors import SeqrecError, manifest_kind
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` on a temp file beside ``path``, then rename it over ``path``."""
+    """Call ``write(tmp)`` on a temp file beside ``path``, flush it to disk, then rename it over ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
+        sync(tmp)
         os.replace(tmp, path)
+        sync(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def sync(path: Path) -> None:
+    """fsync a file, or a folder's entries. A rename is atomic for a process that dies, but after a power cut a
+    file renamed before its data reached the disk can be there empty, and a rename not yet on disk undone."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # a file system that cannot sync this
+            raise
+    finally:
+        os.close(fd)
+
+
+def sync_tree(folder: Path) -> None:
+    """`sync` every file and folder under ``folder`` (links are not followed), the folder last."""
+    for root, folders, files in os.walk(folder, topdown=False):
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                sync(Path(root, name))
+        for name in folders:
+            if not os.path.islink(os.path.join(root, name)):
+                sync(Path(root, name))
+    sync(folder)
 
 
 def atomic_torch_save(obj: object, path: Path) -> None:
@@ -59,11 +86,15 @@ def replace_dir(staging: Path, out: Path) -> None:
 
     Where the kernel can swap two paths in one step (Linux's renameat2 with RENAME_EXCHANGE), ``out`` is never
     absent: a reader opens either the old folder or the new one. Elsewhere ``out`` is moved aside and then
-    replaced, and a reader that looks between the two renames finds no folder."""
+    replaced, and a reader that looks between the two renames finds no folder. ``staging`` is flushed to disk
+    (`sync_tree`) before the first rename."""
+    sync_tree(staging)
     if not out.exists():
         os.replace(staging, out)
+        sync(out.parent)
         return
     if _exchange(staging, out):
+        sync(out.parent)
         if staging.is_symlink():  # ``out`` was a link: it is replaced, what it pointed to is left alone
             staging.unlink()
         else:
@@ -72,6 +103,7 @@ def replace_dir(staging: Path, out: Path) -> None:
     retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
     os.replace(out, retired / out.name)
     os.replace(staging, out)
+    sync(out.parent)
     shutil.rmtree(retired, ignore_errors=True)
 
 

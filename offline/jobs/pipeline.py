@@ -33,7 +33,7 @@ from offline.jobs.versions import VERSIONS, pipeline_lock, prune_versions, switc
 from offline.tables import markdown_table
 from offline.tune.section import TuneSection, keep_report
 from ranker.config import RankerSection
-from retriever.atomic import atomic_write
+from retriever.atomic import atomic_write, sync, sync_tree
 from retriever.config import read_yaml
 from retriever.errors import SeqrecError, validation_message
 
@@ -349,7 +349,9 @@ def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any
         _write_json(run.bundle / "pipeline.json", record)
         carry_retired(artifacts, run.bundle)
         keep_report(run.folder / "tune", run.bundle)  # the search's report, when the config has `tune:`
+        sync_tree(run.bundle)  # every file on disk before the rename publishes it
         os.replace(run.bundle, target)
+        sync(versions)
     _fault_point("publish-before-switch")
     switch_current(artifacts, target)
     return {"version": version, "path": str(target)}

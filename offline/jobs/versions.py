@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from retriever.atomic import exclusive
+from retriever.atomic import exclusive, sync
 
 VERSIONS, CURRENT = "versions", "current"
 LOCK = ".pipeline.lock"
@@ -34,6 +34,7 @@ def switch_current(artifacts: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(os.path.relpath(target, artifacts))
     os.replace(tmp, link)
+    sync(artifacts)  # the switch itself on disk: after a power cut, `current` is the new link
 
 
 def prune_versions(artifacts: Path, keep: int) -> list[Path]:

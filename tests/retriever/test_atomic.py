@@ -38,6 +38,20 @@ def test_a_write_that_fails_keeps_the_old_file_and_leaves_no_temp_file(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
 
 
+def test_a_write_reaches_the_disk_before_its_rename_and_the_rename_after(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the first fsync a power cut can leave the renamed file empty; without the second, the old one."""
+    events: list[tuple[str, str]] = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("sync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), replace(a, b))[1])
+    path = tmp_path / "manifest.json"
+    atomic_write(path, lambda tmp: tmp.write_text("new"))
+    assert events == [("sync", str(tmp_path / f".manifest.json.{os.getpid()}.tmp")), ("replace", str(path)),
+                      ("sync", str(tmp_path))]
+
+
 def test_current_is_switched_by_one_rename_and_never_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server reloading, or `seqrec catalog`, reads ARTIFACTS/current at any moment: an unlink then a new link
     would leave a moment with no `current` at all."""

@@ -42,10 +42,33 @@ def _versions(artifacts: Path) -> list[str]:
     return sorted(p.name for p in (artifacts / "versions").iterdir())
 
 
-def test_pipeline_runs_every_stage_and_publishes_atomically(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def _watch_disk(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """Every fsync (the path of its descriptor) and every os.replace, in order."""
+    events: list[tuple[str, ...]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def synced(fd: int) -> None:
+        events.append(("sync", os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    def named(path: str | os.PathLike[str]) -> str:  # the real folder, the name itself (not a link's target)
+        return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+    def replaced(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        events.append(("replace", named(src), named(dst)))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", synced)
+    monkeypatch.setattr(os, "replace", replaced)
+    return events
+
+
+def test_pipeline_runs_every_stage_and_publishes_atomically(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from service.bundle import load_bundle
 
     artifacts = tmp_path / "artifacts"
+    disk = _watch_disk(monkeypatch)
     assert main(["pipeline", "--config", str(_config(tmp_path)), "--out", str(artifacts), "-q"]) == 0
     out = capsys.readouterr().out
     for stage in STAGES:
@@ -77,6 +100,16 @@ def test_pipeline_runs_every_stage_and_publishes_atomically(tmp_path: Path, caps
     assert f"repeats: allow ({shares['valid']:.1%} of validation" in out
     assert not (current / "run").exists()  # training checkpoints are not shipped
     assert not list((artifacts / "work").iterdir())  # the run's work folder is gone after publishing
+    # On disk before it is published: every file of the bundle is flushed before the rename into versions/, and
+    # that rename and the switch of `current` each before the run ends (a power cut loses neither half-way).
+    published = str((artifacts / "versions" / version).resolve())
+    (at, staged), = [(n, e[1]) for n, e in enumerate(disk) if e[0] == "replace" and e[2] == published]
+    files = {str(p.relative_to(current.resolve())) for p in current.resolve().rglob("*")}
+    flushed = {os.path.relpath(e[1], staged) for e in disk[:at] if e[0] == "sync" and e[1].startswith(staged + "/")}
+    assert files <= flushed
+    switch = max(n for n, e in enumerate(disk) if e[0] == "replace" and e[2] == str(artifacts.resolve() / "current"))
+    assert ("sync", str((artifacts / "versions").resolve())) in disk[at:switch]
+    assert ("sync", str(artifacts.resolve())) in disk[switch:]
 
 
 def test_a_failing_stage_never_touches_current_and_resume_finishes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
