@@ -97,9 +97,10 @@ class Budget:
         return max(0.01, self.minutes - self.used_minutes())
 
 
-def with_features(raw: dict[str, Any], data: PreparedDataset) -> tuple[RunConfig, torch.Tensor | None]:
+def with_features(raw: dict[str, Any], data: PreparedDataset, source: str = "trial config"
+                  ) -> tuple[RunConfig, torch.Tensor | None]:
     """The run config of ``raw`` and its item-feature matrix, as `seqrec train` builds them."""
-    config = config_from_dict(raw, source="trial config")
+    config = config_from_dict(raw, source=source)
     if not config.model.item_features:
         return config, None
     features, n_features = item_feature_matrix(data, config.model.item_features)
@@ -215,6 +216,9 @@ def _stable_enough() -> Iterator[None]:
         yield
 
 
+FAILED_IN_A_ROW = 5  # trials that fail (an error, not a pruning) one after another before the search gives up
+
+
 def finished(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED))
 
@@ -224,7 +228,7 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
     """Search, then score the best trial on test once; writes OUT/{best.yaml,trials.md,trials.csv,history.png,
     result.json} and returns result.json's content."""
     options.check()
-    config_from_dict(base, source="base config")  # a bad base config fails before any trial
+    with_features(base, data, "base config")  # a bad base config, or item features the data lacks: before any trial
     budget = Budget(options.budget_minutes, options.clock)
     identity = {"base": base, "data": dataset_fingerprint(data)}
     if options.fixed:  # its trials sampled the pinned values only; studies without pins keep their identity
@@ -236,12 +240,25 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
     study = open_study(out, options, json.loads(json.dumps(identity, default=str)))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     started = 0  # every invocation runs one trial at least, however small its budget
+    errors: list[str] = []  # the failed trials' errors, newest last; emptied by a trial that does not fail
+
+    def objective(trial: optuna.Trial) -> float:
+        try:
+            return search.objective(trial)
+        except SeqrecError as err:
+            errors.append(str(err))
+            raise
+
     while (started == 0 or not budget.spent()) and (options.trials is None or finished(study) < options.trials):
         started += 1
-        study.optimize(search.objective, n_trials=1, catch=(SeqrecError,))
+        study.optimize(objective, n_trials=1, catch=(SeqrecError,))
         trial = study.trials[-1]
         log.info("trial %d %s: valid %s %s (%.1f of %s %s-minutes used)", trial.number, trial.state.name,
                  SELECTION_METRIC, trial.value, budget.used_minutes(), options.budget_minutes, options.clock)
+        if trial.state != optuna.trial.TrialState.FAIL:
+            errors.clear()
+        elif len(errors) >= FAILED_IN_A_ROW:  # failed trials never count towards --trials: this search cannot end
+            raise SeqrecError(f"{len(errors)} trials in a row failed, the last with: {errors[-1]}")
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not complete:
         raise SeqrecError(f"no trial finished within the budget ({finished(study)} pruned or stopped); "

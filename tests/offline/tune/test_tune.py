@@ -15,7 +15,7 @@ from offline.cli import main
 from offline.data.split import LeaveOneOut
 from offline.tune.section import REPORT_FILES, keep_report
 from offline.tune.space import ALPHA_RANGE, CUTS, SCHEDULES, DataShape, suggest
-from offline.tune.study import Search
+from offline.tune.study import FAILED_IN_A_ROW, Search
 from retriever.config import config_from_dict
 from tests.tiny import prepare_tiny
 
@@ -241,3 +241,39 @@ def test_bsarec_searches_its_filter_and_every_drawn_config_is_valid() -> None:
     plain = suggest(_First(), {"model": {"backbone": "transformer"}}, shape)
     assert "alpha" not in plain["model"]
     assert "c" not in plain["model"]
+
+
+def _three_each(tmp_path: Path) -> Path:
+    """30 users of exactly 3 items: after validation and test, one training item each, so no trial can train."""
+    log = tmp_path / "log.csv"
+    log.write_text("user_id,item_id,timestamp\n" + "".join(f"u{u},i{(u + t) % 7},{t}\n" for u in range(30)
+                                                          for t in range(3)))
+    assert main(["prepare", "--dataset", "csv", "--path", str(log), "--out", str(tmp_path / "data"), "-q"]) == 0
+    return tmp_path / "data"
+
+
+def test_a_search_whose_trials_keep_failing_stops_with_their_error(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """Failed trials never count towards --trials: the search ran until killed (2,364 failed trials in 10 minutes).
+    The budget bounds the old code's run here."""
+    data = _three_each(tmp_path)
+    capsys.readouterr()
+    assert main(["tune", "--data", str(data), "--out", str(tmp_path / "o"), "--trials", "2", "--budget-minutes", "3",
+                 *PINS, *BASE]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"seqrec: error: {FAILED_IN_A_ROW} trials in a row failed, the last with: no training sequence has two or "
+        "more items")
+
+
+def test_item_features_the_data_lacks_are_refused_before_any_trial(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """The search dropped them (the trials with them failed) and wrote a best.yaml without them."""
+    data = prepare_tiny(tmp_path / "data")
+    out = tmp_path / "o"
+    assert main(["tune", "--data", str(data), "--out", str(out), "--trials", "1", "--model.item_features",
+                 "no_such_column", *PINS, *BASE]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("seqrec: error: ")
+    assert "no_such_column" in err[0]
+    assert not out.exists()
