@@ -8,6 +8,7 @@ and training defaults. Nothing here imports torch, so the CLI can build its pars
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -106,8 +107,9 @@ class MLPConfig:
 _MLP_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "id_dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
     "dropout": (lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-    "lr": (lambda v: v >= 0, ">= 0"),  # 0 trains nothing (a frozen control), as torch allows
-    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    # 0 trains nothing (a frozen control), as torch allows; inf passes ">= 0" and makes every weight NaN at once
+    "lr": (lambda v: 0 <= v < math.inf, ">= 0 and finite"),
+    "weight_decay": (lambda v: 0 <= v < math.inf, ">= 0 and finite"),
     **{name: (lambda v: v >= 1, ">= 1") for name in ("batch_size", "epochs", "patience", "members")},
 }
 

@@ -25,11 +25,21 @@ from ranker.features import FeatureBatch, TorchTables, compute_features, standar
 from ranker.lgbm import LGBMRanker, fit_lgbm
 from ranker.mining import Encoder, Mined
 from ranker.mlp import MLPRanker, group_loss
+from retriever.errors import SeqrecError
 from retriever.windows import padded_slices
 
 log = logging.getLogger(__name__)
 
 Scorer = Callable[[FeatureBatch], Tensor]  # (B, N) scores, -inf on empty slots
+
+
+class UnrankableScores(ValueError):
+    """Scores holding NaN: a NaN is neither above, below nor equal to any score, so no order ranks it (counted
+    as ties it would rank every target first, an NDCG of 1/log2(1) = inf)."""
+
+
+class RankerDiverged(SeqrecError):
+    """A ranker whose training diverged: its loss became NaN or infinite, or its scores NaN."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +152,8 @@ def served_order_ranks(scores: Tensor, retrieval: Tensor, target: Tensor) -> np.
     that nobody serves. Only candidates equal on both count as ties, pessimistically (the target itself
     included: rank >= 1).
     """
+    if len(scores) and torch.isnan(scores.amax()):  # amax propagates NaN, cheaper than isnan().any()
+        raise UnrankableScores("scores contain NaN; a NaN cannot be ranked")
     rows = torch.arange(len(target))
     s, r = scores[rows, target][:, None], retrieval[rows, target][:, None]
     return ((scores > s) | ((scores == s) & (retrieval >= r))).sum(1).numpy()
@@ -212,7 +224,12 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
             optimizer.step()
             total += float(loss.detach())
             steps += 1
-        metric = ndcg_at(group_ranks(model.score, valid_source, valid, n_items, desc="ranker valid"))
+        if not math.isfinite(total):
+            raise _diverged(config, f"training loss {total / max(steps, 1)} at epoch {epoch}")
+        try:
+            metric = ndcg_at(group_ranks(model.score, valid_source, valid, n_items, desc="ranker valid"))
+        except UnrankableScores:
+            raise _diverged(config, f"NaN validation scores at epoch {epoch}") from None
         history.append({"epoch": epoch, "loss": total / max(steps, 1), "valid_ndcg@10": metric})
         log.info("ranker epoch %d loss %.4f valid NDCG@10 %.4f", epoch, total / max(steps, 1), metric)
         if metric > best:
@@ -223,6 +240,10 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
     assert best_state is not None
     model.load_state_dict(best_state)
     return model.eval(), history
+
+
+def _diverged(config: MLPConfig, what: str) -> RankerDiverged:
+    return RankerDiverged(f"the MLP ranker diverged ({what}); lower --lr (now {config.lr:g})")
 
 
 def fit_mlp_ensemble(config: MLPConfig, source: FeatureSource, train: Groups, valid: Groups, *,

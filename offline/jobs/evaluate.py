@@ -23,6 +23,7 @@ from ranker.mining import Encoder, mine
 from ranker.train import (
     FeatureSource,
     Groups,
+    UnrankableScores,
     make_groups,
     merge_groups,
     retriever_ranks,
@@ -160,4 +161,9 @@ def with_served_sources(groups: Groups, items: np.ndarray, artifact: RetrieverAr
 
 def _reranked(system: _System, groups: Groups, n_items: int, *, k: int, mask_ids: bool = False) -> Reranked:
     scorer = None if system.ranker is None else system.ranker.ranker.score
-    return rerank_groups(scorer, system.source, groups, n_items, k=k, mask_ids=mask_ids)
+    try:
+        return rerank_groups(scorer, system.source, groups, n_items, k=k, mask_ids=mask_ids)
+    except UnrankableScores:
+        what = "the retriever" if system.ranker is None else f"the {system.ranker.kind} ranker"
+        raise SeqrecError(f"{system.artifact.path}: {what} scores NaN, which cannot be ranked (it diverged in "
+                          "training); train it again") from None

@@ -37,6 +37,8 @@ from ranker.times import TimeTable
 from ranker.train import (
     FeatureSource,
     Groups,
+    RankerDiverged,
+    UnrankableScores,
     config_for,
     fit_lgbm_ranker,
     fit_mlp_ensemble,
@@ -53,6 +55,7 @@ from retriever.repeats import LEGACY_REPEATS
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
+RANKER_NAMES = {"mlp": "MLP", "lgbm": "LightGBM"}  # as messages name them
 RawEncoder = Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, D) float32, not normalised
 
 
@@ -211,24 +214,37 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     cooc, times = extra_tables(data, config)
     groups, source, train_source = _ranker_inputs(artifact, data, mined, miner, config, source, cooc, times)
     fitted: dict[str, tuple[Ranker, list[dict[str, Any]], float]] = {}
+    served: dict[str, Any] = {}
+    selection: dict[str, float] = {}
+    diverged: dict[str, str] = {}  # kind -> why auto left it out
     for name in ("lgbm", "mlp") if config.kind == "auto" else (config.kind,):
         fit_start = time.perf_counter()
-        ranker, history = _fit(name, artifact, data, source, train_source, groups,
-                               {"members": config.members, **(mlp or {})}, lgbm)
-        fitted[name] = (ranker, history, time.perf_counter() - fit_start)
-    served = {name: served_scorer(r) for name, (r, _, _) in fitted.items()}
-    selection = {name: ndcg_at(group_ranks(served[name], source, groups["valid"], data.n_items,
-                                           desc=f"select {name}")) for name in fitted}
+        try:
+            ranker, history = _fit(name, artifact, data, source, train_source, groups,
+                                   {"members": config.members, **(mlp or {})}, lgbm)
+            fit_seconds = time.perf_counter() - fit_start
+            served[name] = served_scorer(ranker)
+            selection[name] = _selection_ndcg(name, served[name], source, groups["valid"], data.n_items)
+        except RankerDiverged as err:  # with auto, the other kind is chosen; the record says why
+            if config.kind != "auto":
+                raise
+            log.warning("%s; --kind auto leaves it out", err)
+            diverged[name] = str(err)
+            continue
+        fitted[name] = (ranker, history, fit_seconds)
+    if not fitted:  # auto, and every kind diverged
+        raise SeqrecError("; ".join(diverged.values()))
     chosen = max(selection, key=lambda name: selection[name])
     ranker, history, fit_seconds = fitted[chosen]
-    metrics = _two_stage_metrics(served[chosen], source, groups, data.n_items)
+    metrics = _two_stage_metrics(served[chosen], source, groups, data.n_items, kind=chosen)
     if chosen == "mlp":
-        masked = _two_stage_metrics(served[chosen], source, groups, data.n_items, mask_ids=True)
+        masked = _two_stage_metrics(served[chosen], source, groups, data.n_items, mask_ids=True, kind=chosen)
         metrics["ids_masked"] = {s: masked[s] for s in ("valid", "test")}
     extra = {
         "mining": mining_record(mined, config, miner, artifact.manifest.repeats),
         "selection": {"requested": config.kind, "chosen": chosen,
-                      "valid_ndcg@10": {n: round(v, 6) for n, v in selection.items()}},
+                      "valid_ndcg@10": {n: round(v, 6) for n, v in selection.items()},
+                      **({"diverged": diverged} if diverged else {})},
         "training": {"seconds": round(fit_seconds, 1), "total_seconds": round(time.perf_counter() - started, 1),
                      "history": history},
         "dataset": {"path": str(data.path), "sha256": data.manifest.get("sha256", {})},
@@ -236,6 +252,14 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     }
     return write_ranker(bundle, ranker, item_tables(data, data.split()), retriever_manifest=artifact.manifest,
                         metrics=metrics, extra=extra, cooc=cooc, times=times, extra_features=config.features)
+
+
+def _selection_ndcg(name: str, scorer: Any, source: FeatureSource, valid: Groups, n_items: int) -> float:
+    """Validation NDCG@10 of the served ``scorer``; NaN scores (a diverged ranker, or its compiled form) refused."""
+    try:
+        return ndcg_at(group_ranks(scorer, source, valid, n_items, desc=f"select {name}"))
+    except UnrankableScores:
+        raise RankerDiverged(f"the {RANKER_NAMES[name]} ranker diverged (NaN validation scores as served)") from None
 
 
 def served_scorer(ranker: Ranker) -> Any:
@@ -353,11 +377,15 @@ def _fit(name: str, artifact: RetrieverArtifact, data: PreparedDataset, source: 
 
 
 def _two_stage_metrics(scorer: Any, source: FeatureSource, groups: dict[str, Groups], n_items: int, *,
-                       mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+                       kind: str, mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
     depth = groups["valid"].mined.depth
     usable = tuple(k for k in ks if k <= depth)
     out: dict[str, Any] = {}
     for name in ("valid", "test"):
-        ranks = group_ranks(scorer, source, groups[name], n_items, mask_ids=mask_ids, desc=f"rerank {name}")
+        try:
+            ranks = group_ranks(scorer, source, groups[name], n_items, mask_ids=mask_ids, desc=f"rerank {name}")
+        except UnrankableScores:
+            raise RankerDiverged(f"the {RANKER_NAMES[kind]} ranker diverged (NaN scores for the {name} users"
+                                 f"{' with their IDs masked' if mask_ids else ''}); nothing was written") from None
         out[name] = summarize(ranks, usable)
     return out

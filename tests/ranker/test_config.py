@@ -52,7 +52,9 @@ def test_a_pipeline_config_is_held_to_the_bounds_the_cli_leaves_to_mining() -> N
 
 @pytest.mark.parametrize(("option", "message"), [
     ({"epochs": 0}, "epochs must be >= 1, got 0"),  # an AssertionError after mining before
-    ({"lr": -1.0}, "lr must be >= 0, got -1.0"),  # torch's "Invalid learning rate" before
+    ({"lr": -1.0}, "lr must be >= 0 and finite, got -1.0"),  # torch's "Invalid learning rate" before
+    ({"lr": float("inf")}, "lr must be >= 0 and finite, got inf"),  # every weight NaN after one step before
+    ({"weight_decay": float("inf")}, "weight_decay must be >= 0 and finite, got inf"),
     ({"id_dropout": 1.0}, r"id_dropout must be in \[0, 1\), got 1.0"),
     ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
     ({"members": 0}, "members must be >= 1, got 0"),
