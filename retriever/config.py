@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -30,7 +30,7 @@ class ConfigError(RetrieverError):
 class ModelConfig(BaseModel):
     """Backbone-specific options (d_model, n_layers, max_len, ...) sit beside these keys."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
     backbone: str = "transformer"
     similarity: Similarity = "cosine"
@@ -44,7 +44,7 @@ class ModelConfig(BaseModel):
 
 
 class LossConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: LossName = "infonce"
     logq: bool = False
@@ -52,12 +52,15 @@ class LossConfig(BaseModel):
     n_negatives: int = Field(256, ge=1, description="uniform negatives of the sampled softmax")
 
 
+Beta = Annotated[float, Field(ge=0, lt=1)]  # Adam's moment decay
+
+
 class TrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     batch_size: int = Field(128, ge=1, description="sequences per step")
     lr: float = Field(1e-3, gt=0)
-    betas: tuple[float, float] = (0.9, 0.98)
+    betas: tuple[Beta, Beta] = (0.9, 0.98)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(100, ge=0)
     schedule: Literal["constant", "cosine", "wsd"] = Field(
@@ -99,7 +102,7 @@ class TrainConfig(BaseModel):
 
 
 class RunConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model: ModelConfig = ModelConfig()
     loss: LossConfig = LossConfig()

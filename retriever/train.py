@@ -342,6 +342,9 @@ def run_epoch(
         loss, grad_norm = train_step(run.model, batch, run.optimizer, config, run.ctx, objective=run.objective)
         if dist is not None:
             loss = mean_over_ranks(loss)
+        if not math.isfinite(loss):  # every later step and every score would be NaN too
+            raise ConfigError(f"training diverged: the loss is {loss} at epoch {epoch}, step {state.step + 1}; "
+                              f"lower train.lr ({config.train.lr:g})")
         losses.append(loss)
         n_sequences += len(batch) * world_size
         state.step += 1

@@ -15,7 +15,7 @@ Clock = Literal["wall", "cpu"]
 class TuneSection(BaseModel):
     """The pipeline config's ``tune:`` section: search within a budget before the retriever is trained."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     trials: int | None = Field(None, ge=1, description="finished trials to run")
     minutes: float | None = Field(None, gt=0, description="search budget in minutes")

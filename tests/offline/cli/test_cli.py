@@ -8,7 +8,7 @@ import pytest
 
 from offline.cli import build_parser, main
 from offline.cli.common import default_configs_dir, shipped_configs
-from tests.tiny import prepare_tiny
+from tests.tiny import TINY, prepare_tiny
 
 
 def subcommands() -> list[str]:
@@ -199,3 +199,31 @@ def test_lists_are_checked_before_any_work(tmp_path, capsys):
         assert main(argv) == 1
         assert capsys.readouterr().err.strip().splitlines() == [f"seqrec: error: {message}"]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    # each trained to all-zero scores (temperature) or to NaN and an internal error (the rest)
+    (["--model.temperature", "inf"], "model.temperature: Input should be a finite number"),
+    (["--train.lr", "inf"], "train.lr: Input should be a finite number"),
+    (["--train.weight_decay", "nan"], "train.weight_decay: Input should be a finite number"),
+    (["--train.betas", "[2, 3]"], "train.betas.0: Input should be less than 1"),  # torch's ValueError before
+])
+def test_values_no_training_can_use_are_config_errors(override, message, tmp_path, capsys):
+    data = prepare_tiny(tmp_path / "data")
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "o"), *TINY, *override]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert message in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_training_that_diverges_stops_with_what_to_change(tmp_path, capsys):
+    """It ran to its validation, where the NaN scores were an internal error ('scores contain NaN')."""
+    data = prepare_tiny(tmp_path / "data")
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "o"), *TINY, "--train.lr", "1e30"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("seqrec: error: training diverged: the loss is nan at epoch 1, step ")
+    assert err[0].endswith("; lower train.lr (1e+30)")

@@ -177,6 +177,8 @@ def test_pipeline_tune_section_needs_a_budget(tmp_path: Path) -> None:
     assert load_pipeline_config(_pipeline_config(tmp_path, {"trials": 2})).tune is not None
     with pytest.raises(SeqrecError, match="trials or minutes"):
         load_pipeline_config(_pipeline_config(tmp_path, {"seed": 1}))
+    with pytest.raises(SeqrecError, match="minutes: Input should be a finite number"):  # searched until killed
+        load_pipeline_config(_pipeline_config(tmp_path, {"minutes": float("inf")}))
 
 
 def test_pipeline_tunes_then_trains_the_best_config(tmp_path: Path) -> None:
