@@ -13,6 +13,7 @@ is none, so a scheduled job can always pass it. The newest ``keep`` versions sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -43,6 +44,10 @@ STAGES = ("prepare", "train", "export", "mine", "train-ranker", "evaluate", "pub
 WORK, STATE = "work", "state.json"
 
 
+# The reader options a pipeline's `data.reader` may set (`ReaderOptions`' fields), and whether each may be null.
+READER_OPTIONS = {"user_col": False, "item_col": False, "time_col": True, "sep": False, "items_path": True}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -65,6 +70,40 @@ class DataSpec(_Strict):
         except SeqrecError as err:
             raise ValueError(str(err)) from None
         return name
+
+    @field_validator("reader")
+    @classmethod
+    def _reader_options(cls, reader: dict[str, Any]) -> dict[str, Any]:  # were internal errors at the prepare stage
+        unknown = sorted(set(reader) - set(READER_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option {unknown[0]!r}; a reader takes {', '.join(READER_OPTIONS)}")
+        for key, value in reader.items():
+            if not isinstance(value, str) and not (value is None and READER_OPTIONS[key]):
+                raise ValueError(f"{key} must be {'a string or null' if READER_OPTIONS[key] else 'a string'}, "
+                                 f"got {value!r}")
+        if "sep" in reader:
+            from offline.data.readers.tabular import check_sep
+
+            try:
+                check_sep(reader["sep"])
+            except SeqrecError as err:
+                raise ValueError(str(err).replace("--sep", "sep")) from None
+        return reader
+
+    @field_validator("synthetic")
+    @classmethod
+    def _synthetic_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        from offline.data.readers.synthetic import SyntheticConfig
+
+        known = [f.name for f in dataclasses.fields(SyntheticConfig)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"unknown option {unknown[0]!r}; the synthetic data takes {', '.join(known)}")
+        try:
+            SyntheticConfig(**options)
+        except (TypeError, ValueError) as err:
+            raise ValueError(str(err)) from None
+        return options
 
 
 class PipelineConfig(_Strict):
@@ -261,6 +300,12 @@ def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str,
             "repeat_targets": manifest["repeat_targets"], **added}
 
 
+def override_strings(overrides: dict[str, Any]) -> list[str]:
+    """A config's ``section.key: value`` overrides as the command line's ``section.key=value``, each value as
+    YAML reads it back: None as null (its str(), "None", was read as a string: a column named None)."""
+    return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
+
+
 def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
     from offline.data.prepared import load_prepared
     from offline.jobs.catalog import served_bundle
@@ -271,7 +316,7 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
     init_from = served_bundle(run.folder.parent.parent) if config.warm_start else None
     extra = config.warm_start_overrides if init_from else {}
     threads_override = {} if threads is None else {"train.threads": threads}
-    overrides = [f"{k}={v}" for k, v in {**config.overrides, **extra, **threads_override}.items()]
+    overrides = override_strings({**config.overrides, **extra, **threads_override})
     retriever_config = load_config(config.retriever, overrides)
     if config.tune is not None:  # the search starts from the config and overrides above (offline/tune)
         from offline.tune.study import tuned_config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -211,6 +212,16 @@ def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.Capt
     # the name names the run's work folder: "../x" put it outside ARTIFACTS/work
     ({"name": "../../x"}, "name: Value error, '../../x' names folders: use letters, digits"),
     ({"name": "a/b"}, "name: Value error, 'a/b' names folders"),
+    # each of these was an internal error (TypeError) at the prepare stage
+    ({"data": {"dataset": "csv", "reader": {"bogus": 1}}},
+     "data.reader: Value error, unknown option 'bogus'; a reader takes user_col, item_col, time_col, sep, items_path"),
+    ({"data": {"dataset": "csv", "reader": {"sep": 5}}}, "data.reader: Value error, sep must be a string, got 5"),
+    ({"data": {"dataset": "csv", "reader": {"sep": ";;"}}},
+     "data.reader: Value error, sep must be one character other than a line break, got ';;'"),
+    ({"data": {"dataset": "synthetic", "synthetic": {"bogus": 3}}},
+     "data.synthetic: Value error, unknown option 'bogus'; the synthetic data takes n_users, n_items"),
+    ({"data": {"dataset": "synthetic", "synthetic": {"n_items": 1}}},
+     "data.synthetic: Value error, n_items must be >= 2, got 1"),
 ])
 def test_a_pipeline_config_is_refused_before_any_folder_is_made(tmp_path: Path, change: dict, message: str,
                                                                 capsys: pytest.CaptureFixture) -> None:
@@ -289,3 +300,26 @@ def test_an_old_pipeline_record_loads_and_writes_back_byte_for_byte() -> None:
     raw = json.loads(json.dumps(state.model_dump(), default=str))
     assert list(raw) == ["config_path", "config", "started_at", "stages"]
     assert RunState.model_validate(raw) == state
+
+
+def test_the_reader_options_a_pipeline_takes_are_the_readers_own() -> None:
+    from offline.data.readers import ReaderOptions
+    from offline.jobs.pipeline import READER_OPTIONS
+
+    fields = {f.name: f.type for f in dataclasses.fields(ReaderOptions)}
+    assert list(READER_OPTIONS) == [name for name in fields if name not in ("path", "synthetic")]
+    assert all(READER_OPTIONS[name] == ("None" in str(fields[name])) for name in READER_OPTIONS)
+
+
+def test_overrides_keep_their_yaml_types() -> None:
+    """`overrides: {train.grad_clip: null}` failed: the value reached the config as the string 'None'."""
+    from offline.jobs.pipeline import override_strings
+    from retriever.config import load_config
+
+    raw = yaml.safe_load("{model.item_features: null, train.grad_clip: null, train.lr: 0.002, train.betas: [0.8, 0.9],"
+                         " train.schedule: wsd, model.d_model: 32}")
+    config = load_config(None, override_strings(raw))
+    assert config.model.item_features is None
+    assert config.train.grad_clip is None
+    assert (config.train.lr, config.train.betas, config.train.schedule) == (0.002, (0.8, 0.9), "wsd")
+    assert config.model.backbone_params()["d_model"] == 32
