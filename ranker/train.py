@@ -193,8 +193,8 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     train = train.subset(np.flatnonzero(train.mined.label >= 0))
-    if len(train) == 0:
-        raise ValueError("no training group holds its target among the candidates; raise the mining depth")
+    if len(train) == 0:  # `offline.jobs.rank.check_targets` names the cause where the groups are mined
+        raise SeqrecError("no ranker training group holds its target among its candidates")
     model = MLPRanker(config)
     # Input scaling from the inputs the network trains on: ID dropout included, so an ID-masked candidate's
     # zeroed columns and its is_unknown flag are part of the statistics.
@@ -272,6 +272,8 @@ def lgbm_matrix(source: FeatureSource, groups: Groups, batch_size: int = 1024) -
                                                                                          np.ndarray]:
     """Rows of groups that hold their positive: (x (rows, F), y (rows,), group sizes)."""
     keep = np.flatnonzero(groups.mined.label >= 0)
+    if len(keep) == 0:  # LightGBM cannot fit or validate without one; `offline.jobs.rank.check_targets` says why
+        raise SeqrecError("no LightGBM ranker group holds its target among its candidates")
     xs, ys, sizes = [], [], []
     label = groups.mined.label
     with torch.inference_mode():
