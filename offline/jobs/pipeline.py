@@ -14,6 +14,7 @@ is none, so a scheduled job can always pass it. The newest ``keep`` versions sta
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -171,6 +172,7 @@ class RunState(BaseModel):
     config: dict[str, Any]  # PipelineConfig.model_dump(mode="json"): what --resume matches on
     started_at: str
     stages: dict[str, StageRecord] = {}
+    inputs: dict[str, Any] | None = None  # `run_inputs`, matched by --resume too (None: a run from before it)
 
 
 class PublishRecord(BaseModel):
@@ -230,18 +232,40 @@ def new_run(artifacts: Path, config: PipelineConfig, config_path: Path) -> Run:
     folder = artifacts / WORK / f"{stamp}-{config.name}"
     folder.mkdir(parents=True, exist_ok=False)
     run = Run(folder, RunState(config_path=str(config_path), config=config.model_dump(mode="json"),
-                               started_at=stamp))
+                               started_at=stamp, inputs=run_inputs(config)))
     run.save()
     return run
 
 
+def run_inputs(config: PipelineConfig) -> dict[str, Any]:
+    """What a run reads beyond its config: the retriever YAML (its sha256) and the data's source files (each
+    one's name, size and modification time). Either changed since a run started, --resume starts a new run: the
+    old one would publish a model of the old data, or fail to resume a training of the old config."""
+    inputs: dict[str, Any] = {}
+    if config.retriever is not None and config.retriever.is_file():
+        inputs["retriever"] = hashlib.sha256(config.retriever.read_bytes()).hexdigest()
+    sources = [config.data.path, config.data.reader.get("items_path")]
+    for path in (Path(p) for p in sources if p is not None):
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        inputs.setdefault("data", []).extend([str(f), f.stat().st_size, f.stat().st_mtime_ns]
+                                             for f in files if f.exists())
+    return inputs
+
+
 def resume_run(artifacts: Path, config: PipelineConfig) -> Run | None:
-    """The newest unpublished run of this config, if any."""
+    """The newest unpublished run of this config and these inputs (`run_inputs`), if any."""
     runs = sorted((artifacts / WORK).glob("*/" + STATE)) if (artifacts / WORK).is_dir() else []
+    inputs = json.loads(json.dumps(run_inputs(config)))  # as state.json reads back: lists, not tuples
     for state_file in reversed(runs):
         state = RunState.model_validate_json(state_file.read_text())
-        if state.config == config.model_dump(mode="json") and "publish" not in state.stages:
-            return Run(state_file.parent, state)
+        if state.config != config.model_dump(mode="json") or "publish" in state.stages:
+            continue
+        if state.inputs is not None and state.inputs != inputs:
+            changed = [name for name in ("retriever", "data") if state.inputs.get(name) != inputs.get(name)]
+            log.warning("%s: its %s changed since it started; starting a new run", state_file.parent,
+                        " and ".join(changed))
+            return None
+        return Run(state_file.parent, state)
     return None
 
 

@@ -298,8 +298,10 @@ def test_an_old_pipeline_record_loads_and_writes_back_byte_for_byte() -> None:
     state = RunState(config_path="demo.yaml", config=record.config, started_at="20260101T000000Z",
                      stages=record.stages)
     raw = json.loads(json.dumps(state.model_dump(), default=str))
-    assert list(raw) == ["config_path", "config", "started_at", "stages"]
+    assert list(raw) == ["config_path", "config", "started_at", "stages", "inputs"]
     assert RunState.model_validate(raw) == state
+    old = {key: value for key, value in raw.items() if key != "inputs"}  # a state.json from before `inputs`
+    assert RunState.model_validate(old).inputs is None  # --resume matches it on its config alone, as it did
 
 
 def test_the_reader_options_a_pipeline_takes_are_the_readers_own() -> None:
@@ -323,3 +325,35 @@ def test_overrides_keep_their_yaml_types() -> None:
     assert config.train.grad_clip is None
     assert (config.train.lr, config.train.betas, config.train.schedule) == (0.002, (0.8, 0.9), "wsd")
     assert config.model.backbone_params()["d_model"] == 32
+
+
+def test_resume_continues_a_run_only_while_its_inputs_are_unchanged(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """--resume (the cron recipe) matched the pipeline YAML only: new data resumed after the old data's prepare
+    stage and published a model of the old data, and an edited retriever YAML failed every later run ('written
+    with a different config')."""
+    from offline.jobs.pipeline import load_pipeline_config, new_run, resume_run
+
+    events = tmp_path / "events.csv"
+    events.write_text("user_id,item_id,timestamp\n" + "".join(f"u1,{i},{t}\n" for t, i in enumerate("abc")))
+    retriever = tmp_path / "tiny.yaml"
+    retriever.write_text(yaml.safe_dump(TINY_RETRIEVER))
+    path = tmp_path / "pipe.yaml"
+    path.write_text(yaml.safe_dump({"name": "p", "data": {"dataset": "csv", "path": "events.csv"},
+                                    "retriever": "tiny.yaml"}))
+    artifacts, config = tmp_path / "artifacts", load_pipeline_config(path)
+    run = new_run(artifacts, config, path)
+
+    def resumed() -> Path | None:
+        found = resume_run(artifacts, config)
+        return None if found is None else found.folder
+
+    assert resumed() == run.folder
+    retriever.write_text(yaml.safe_dump({**TINY_RETRIEVER, "train": {**TINY_RETRIEVER["train"], "lr": 0.01}}))
+    assert resumed() is None
+    assert f"{run.folder}: its retriever changed since it started; starting a new run" in caplog.text
+    retriever.write_text(yaml.safe_dump(TINY_RETRIEVER))
+    assert resumed() == run.folder
+    events.write_text(events.read_text() + "".join(f"u2,{i},{t}\n" for t, i in enumerate("abc")))
+    assert resumed() is None
+    assert "its data changed since it started" in caplog.text
