@@ -31,11 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tqdm import tqdm
 
 from offline.data.readers import check_dataset
-from offline.jobs.versions import VERSIONS, pipeline_lock, prune_versions, switch_current
+from offline.jobs.versions import CURRENT, VERSIONS, pipeline_lock, prune_versions, switch_current
 from offline.tables import markdown_table
 from offline.tune.section import TuneSection, keep_report
 from ranker.config import RankerSection
-from retriever.atomic import atomic_write, sync, sync_tree
+from retriever.atomic import atomic_write, refuse_seqrec_folder, sync, sync_tree
 from retriever.config import read_yaml
 from retriever.errors import SeqrecError, validation_message
 
@@ -269,6 +269,18 @@ def resume_run(artifacts: Path, config: PipelineConfig) -> Run | None:
     return None
 
 
+def check_artifacts_folder(artifacts: Path) -> None:
+    """Refuse, before any stage, an --out the run could not publish into: a prepared dataset or a bundle (it
+    wrote current/, versions/ and work/ beside their files), or a `current` that is not the link it replaces
+    (a folder copied there failed the publish, after every stage had run)."""
+    refuse_seqrec_folder(artifacts, "--out (the artifacts folder: current, versions/, work/)")
+    current = artifacts / CURRENT
+    if current.exists() and not current.is_symlink():
+        raise SeqrecError(f"{current} is a {'folder' if current.is_dir() else 'file'}, not the symlink seqrec "
+                          f"publishes through; move it away (a bundle served from here belongs in "
+                          f"{artifacts / VERSIONS}/)")
+
+
 def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, keep: int | None = None,
                  threads: int | None = None, warm_start: bool = False) -> PipelineSummary:
     """Run every stage not yet finished; returns the summary (stage times, metrics, published version)."""
@@ -277,6 +289,7 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
         config = config.model_copy(update={"keep": keep})
     if warm_start:
         config = config.model_copy(update={"warm_start": True})
+    check_artifacts_folder(artifacts)
     artifacts.mkdir(parents=True, exist_ok=True)
     with pipeline_lock(artifacts):  # one run per artifacts folder at a time
         run = resume_run(artifacts, config) if resume else None

@@ -357,3 +357,27 @@ def test_resume_continues_a_run_only_while_its_inputs_are_unchanged(tmp_path: Pa
     events.write_text(events.read_text() + "".join(f"u2,{i},{t}\n" for t, i in enumerate("abc")))
     assert resumed() is None
     assert "its data changed since it started" in caplog.text
+
+
+def test_an_out_the_pipeline_cannot_publish_into_is_refused_before_any_stage(tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    """A dataset's folder got current/, versions/ and work/ beside its files, exit 0; a folder named current
+    failed the publish after every stage had run ('.current.N.tmp: Is a directory')."""
+    from tests.tiny import prepare_tiny
+
+    config = _config(tmp_path)
+    data = prepare_tiny(tmp_path / "data")
+    before = sorted(p.name for p in data.iterdir())
+    capsys.readouterr()
+    assert main(["pipeline", "--config", str(config), "--out", str(data), "-q"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"seqrec: error: {data} already holds a prepared dataset")
+    assert sorted(p.name for p in data.iterdir()) == before
+    artifacts = tmp_path / "artifacts"
+    (artifacts / "current").mkdir(parents=True)
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "-q"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"seqrec: error: {artifacts / 'current'} is a folder, not the symlink seqrec publishes through; move it "
+        f"away (a bundle served from here belongs in {artifacts / 'versions'}/)")
+    assert sorted(p.name for p in artifacts.iterdir()) == ["current"]
