@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from retriever.errors import RetrieverError
 from retriever.losses import LossContext, bce, compute_loss, full_softmax, infonce, item_log_prob, sampled_softmax
 
 N_ITEMS, D, TAU = 12, 8, 0.1
@@ -95,6 +96,17 @@ def test_bce_negative_is_never_the_positive() -> None:
     assert int(negatives.max()) == N_ITEMS
     hidden, t, items = _batch([3, 4])
     assert torch.isfinite(bce(hidden, t, items, _ctx(generator=gen)))
+
+
+def test_bce_over_a_one_item_catalogue_is_a_retriever_error() -> None:
+    # it was torch's "random_ expects 'from' to be less than 'to'": there is no item to draw but the positive
+    hidden, targets, items = _batch([1, 1])
+    with pytest.raises(RetrieverError) as err:
+        bce(hidden, targets, items[:2], _ctx(generator=torch.Generator().manual_seed(0)))
+    assert str(err.value) == ("loss bce draws each position's negative from the items other than its target: it needs "
+                              "a catalogue of at least 2 items, this one has 1")
+    two = bce(hidden, torch.tensor([1, 2]), items[:3], _ctx(generator=torch.Generator().manual_seed(0)))
+    assert torch.isfinite(two)
 
 
 def test_item_log_prob_is_a_smoothed_distribution() -> None:

@@ -254,6 +254,19 @@ def test_model_options_that_cannot_build_a_model_are_one_line(prepared: Path, tm
     assert not (tmp_path / "x").exists()
 
 
+def test_bce_over_a_one_item_catalogue_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    log = tmp_path / "log.csv"
+    log.write_text("user,item,ts\n" + "".join(f"u{u},only,{10 * t + u}\n" for u in range(20) for t in range(4)))
+    data = tmp_path / "one"
+    assert main(["prepare", "--dataset", "csv", "--path", str(log), "--user-col", "user", "--item-col", "item",
+                 "--time-col", "ts", "--out", str(data), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "x"), *TINY, "--loss.name", "bce", "-q"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "seqrec: error: loss bce draws each position's negative from the items other than its target: it needs a "
+        "catalogue of at least 2 items, this one has 1"]  # an internal RuntimeError from torch's sampler before
+
+
 def test_evaluate_refuses_an_artifact_from_another_catalogue(artifact: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture) -> None:
     other = tmp_path / "other"
