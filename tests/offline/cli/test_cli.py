@@ -227,3 +227,20 @@ def test_a_training_that_diverges_stops_with_what_to_change(tmp_path, capsys):
     assert len(err) == 1, err
     assert err[0].startswith("seqrec: error: training diverged: the loss is nan at epoch 1, step ")
     assert err[0].endswith("; lower train.lr (1e+30)")
+
+
+def test_resume_on_other_data_is_refused(tmp_path, capsys):
+    """It continued silently: the checkpoint of one dataset trained on, and the bundle said it was of the other."""
+    data, out = prepare_tiny(tmp_path / "data"), tmp_path / "o"
+    other = tmp_path / "other"
+    assert main(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
+                 "--seed", "2", "--out", str(other), "-q"]) == 0
+    assert main(["train", "--data", str(data), "--out", str(out), *TINY, "-q"]) == 0
+    trained = (out / "retriever.pt").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--data", str(other), "--out", str(out), *TINY, "--resume", "-q"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"seqrec: error: {out / 'run'}: its checkpoint was trained on other data (150 users")
+    assert err[0].endswith("resume with that --data, or choose a new --out")
+    assert (out / "retriever.pt").read_bytes() == trained
