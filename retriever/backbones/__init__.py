@@ -8,6 +8,7 @@ vectors and scores, so losses, training, export and serving are shared.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,12 +56,32 @@ def backbone_config(name: str, n_items: int, params: Mapping[str, Any]) -> Any:
         raise ValueError(
             f"unknown option(s) for backbone {name!r}: {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    for key in sorted(params):  # a value of another type fails later as a tensor error, or trains as a number
+        _check_type(key, fields[key].type, params[key])
     config = config_cls(n_items=n_items, **params)
-    for size in _SIZES & known:  # a size below 1 would fail later as a tensor error or an empty training set
+    for size in sorted(_SIZES & known):  # a size below 1 would fail later as a tensor error or an empty training set
         value = getattr(config, size)
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        if value is not None and value < 1:
             raise ValueError(f"{size} must be >= 1, got {value}")
     return config
+
+
+def _check_type(key: str, annotation: Any, value: Any) -> None:
+    """A ValueError naming ``key`` and ``value`` unless the value fits a plain annotation (``int``, ``int | None``,
+    ``float``, ``bool``; others, such as a Literal, are the module's to check). YAML reads ``true`` as a bool,
+    which Python counts as an int: a bool is no size, nor a rate."""
+    if annotation == "int | None" and value is None:
+        return
+    if annotation in ("int", "int | None") and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    if annotation == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{key} must be finite, got {value!r}")
+    if annotation == "bool" and not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
 
 
 def build_encoder(name: str, config: Any) -> SequenceEncoder:

@@ -2,6 +2,8 @@
 and a tiny deterministic pattern learned through the shared training loop."""
 
 import dataclasses
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,29 @@ def test_extra_left_padding_does_not_change_the_user_vector(name: str) -> None:
 def test_unknown_option_is_a_clear_error(name: str) -> None:
     with pytest.raises(ValueError, match="unknown option"):
         backbone_config(name, N_ITEMS, {"d_modle": 16})
+
+
+@pytest.mark.parametrize(("backbone", "params", "message"), [
+    ("transformer", {"d_model": 16.5}, "d_model must be a whole number, got 16.5"),
+    ("transformer", {"d_model": "abc"}, "d_model must be a whole number, got 'abc'"),
+    ("transformer", {"d_model": None}, "d_model must be a whole number, got None"),  # `--model.d_model=`
+    ("transformer", {"d_model": [16]}, "d_model must be a whole number, got [16]"),
+    ("transformer", {"n_layers": True}, "n_layers must be a whole number, got True"),  # trained as 1 layer before
+    ("gru4rec", {"hidden_size": 8.0}, "hidden_size must be a whole number, got 8.0"),
+    ("transformer", {"dropout": "0.1x"}, "dropout must be a number, got '0.1x'"),
+    ("transformer", {"dropout": math.nan}, "dropout must be finite, got nan"),
+    ("trm4rec", {"adaptive": 1}, "adaptive must be true or false, got 1"),
+])
+def test_an_option_of_the_wrong_type_names_the_key_and_the_value(backbone: str, params: dict, message: str) -> None:
+    # each was a TypeError from torch ("empty(): argument 'size' failed to unpack") or passed as a number
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        backbone_config(backbone, N_ITEMS, params)
+
+
+def test_options_of_their_declared_types_build() -> None:
+    config = backbone_config("trm4rec", N_ITEMS, {"d_model": 16, "dropout": 0, "adaptive": True})
+    assert (config.d_model, config.dropout, config.adaptive) == (16, 0, True)
+    assert backbone_config("gru4rec", N_ITEMS, {"hidden_size": None}).hidden_size is None
 
 
 def test_user_vector_shortcut_matches_the_full_forward(name: str) -> None:

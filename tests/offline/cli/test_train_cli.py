@@ -244,6 +244,10 @@ def test_a_second_train_into_the_same_out_is_refused_while_the_first_runs(prepar
     (["--model.d_model", "6"], "seqrec: error: model: RoPE needs an even head dimension: d_model 6 / n_heads 2 = 3"),
     (["--model.d_model", "-5"], "seqrec: error: model: d_model must be >= 1, got -5"),
     (["--model.max_len", "0"], "seqrec: error: model: max_len must be >= 1, got 0"),
+    (["--model.d_model", "16.5"], "seqrec: error: model: d_model must be a whole number, got 16.5"),
+    (["--model.d_model", "abc"], "seqrec: error: model: d_model must be a whole number, got 'abc'"),
+    (["--model.d_model="], "seqrec: error: model: d_model must be a whole number, got None"),
+    (["--model.n_layers", "true"], "seqrec: error: model: n_layers must be a whole number, got True"),
 ])
 def test_model_options_that_cannot_build_a_model_are_one_line(prepared: Path, tmp_path: Path, overrides: list[str],
                                                               message: str, capsys: pytest.CaptureFixture) -> None:
