@@ -135,17 +135,39 @@ def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     return config_from_dict(apply_overrides(raw, overrides), source=str(path or "defaults"))
 
 
+class _TwiceGiven(Exception):
+    pass
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (YAML leaves it to the reader; PyYAML keeps the
+    last, so a second `train:` section silently replaced the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be given again
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _TwiceGiven(f"key {key!r} is given twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path, what: str) -> dict[str, Any]:
     """The top-level mapping of the YAML file ``path`` (an empty file reads as ``{}``); a missing file, bad YAML
     or a top level that is not a mapping is a one-line `ConfigError` naming ``what``."""
     try:
-        loaded = yaml.safe_load(Path(path).read_text())
+        loaded = yaml.load(Path(path).read_text(), Loader=_UniqueKeys)  # a SafeLoader
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such {what}") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: a folder, not a {what}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    except _TwiceGiven as err:
+        raise ConfigError(f"{path}: {err}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):

@@ -244,3 +244,18 @@ def test_resume_on_other_data_is_refused(tmp_path, capsys):
     assert err[0].startswith(f"seqrec: error: {out / 'run'}: its checkpoint was trained on other data (150 users")
     assert err[0].endswith("resume with that --data, or choose a new --out")
     assert (out / "retriever.pt").read_bytes() == trained
+
+
+def test_a_key_given_twice_in_a_config_is_refused(tmp_path, capsys):
+    """PyYAML keeps the last: a second `train:` section silently replaced the first."""
+    from retriever.config import read_yaml
+
+    config = tmp_path / "twice.yaml"
+    config.write_text("train:\n  lr: 0.01\nmodel:\n  d_model: 16\ntrain:\n  epochs: 2\n")
+    assert main(["train", "--config", str(config), "--data", str(tmp_path / "d"), "--out", str(tmp_path / "o")]) == 1
+    assert capsys.readouterr().err.strip() == f"seqrec: error: {config}: key 'train' is given twice (line 5)"
+    merged = tmp_path / "merged.yaml"  # a merge key's keys may be given again: that is what it is for
+    merged.write_text("base: &base {lr: 0.01, epochs: 2}\ntrain: {<<: *base, epochs: 3}\n")
+    assert read_yaml(merged, "config")["train"] == {"lr": 0.01, "epochs": 3}
+    for committed in sorted(shipped_configs().rglob("*.yaml")):  # none of ours gives a key twice
+        read_yaml(committed, "config")
