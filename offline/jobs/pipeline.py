@@ -138,6 +138,8 @@ def load_pipeline_config(path: Path) -> PipelineConfig:
         raise SeqrecError(f"{path}: {validation_message(err)}") from None
     base = Path(path).resolve().parent
     updates: dict[str, Any] = {} if config.retriever is None else {"retriever": _relative(base, config.retriever)}
+    if config.retriever is not None and not updates["retriever"].is_file():  # now, not after the prepare stage
+        raise SeqrecError(f"{path}: retriever: no such file {updates['retriever']}")
     data = config.data
     if data.path is not None:
         updates["data"] = data.model_copy(update={"path": _relative(base, data.path)})
@@ -351,6 +353,8 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
     from retriever.config import load_config
 
     init_from = served_bundle(run.folder.parent.parent) if config.warm_start else None
+    if config.warm_start and init_from is None:  # the first run of a warm-starting cron job
+        log.warning("warm start: %s serves no bundle yet; training from scratch", run.folder.parent.parent / CURRENT)
     extra = config.warm_start_overrides if init_from else {}
     threads_override = {} if threads is None else {"train.threads": threads}
     overrides = override_strings({**config.overrides, **extra, **threads_override})

@@ -222,6 +222,7 @@ def test_pipeline_config_errors_are_one_line(tmp_path: Path, capsys: pytest.Capt
      "data.synthetic: Value error, unknown option 'bogus'; the synthetic data takes n_users, n_items"),
     ({"data": {"dataset": "synthetic", "synthetic": {"n_items": 1}}},
      "data.synthetic: Value error, n_items must be >= 2, got 1"),
+    ({"retriever": "missing.yaml"}, "retriever: no such file "),  # was refused after the prepare stage
 ])
 def test_a_pipeline_config_is_refused_before_any_folder_is_made(tmp_path: Path, change: dict, message: str,
                                                                 capsys: pytest.CaptureFixture) -> None:

@@ -125,7 +125,8 @@ def test_cold_start_bench_ranks_the_held_out_items_through_the_catalogue_change(
     assert results["popularity"]["HR@50"] == 0.0  # a new item has no training count: last, behind every tie
 
 
-def test_pipeline_takes_catalogue_changes_into_the_next_training_and_warm_starts(tmp_path: Path) -> None:
+def test_pipeline_takes_catalogue_changes_into_the_next_training_and_warm_starts(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import yaml
 
     from service.catalog import JOURNAL, CatalogChanges, load_served, read_journal, write_journal
@@ -140,8 +141,11 @@ def test_pipeline_takes_catalogue_changes_into_the_next_training_and_warm_starts
         "data": {"dataset": "synthetic", "synthetic": {"n_users": 150, "n_items": 60, "mean_length": 12, "seed": 1}},
         "warm_start_overrides": {"train.epochs": 1}}))
     artifacts = tmp_path / "artifacts"
-    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "-q"]) == 0
+    # the first run of a warm-starting cron job has nothing to start from: it says so (it said nothing)
+    assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "--warm-start", "-q"]) == 0
+    assert f"warm start: {artifacts / 'current'} serves no bundle yet; training from scratch" in caplog.text
     first = (artifacts / "current").resolve()
+    assert json.loads((first / "pipeline.json").read_text())["stages"]["train"]["warm_start_from"] is None
     write_journal(first, CatalogChanges(added=[{"item_id": "brand-new", "genres": ["Comedy"], "title": "New"}],
                                         retired=["i1"]))
     assert main(["pipeline", "--config", str(config), "--out", str(artifacts), "--warm-start", "-q"]) == 0
