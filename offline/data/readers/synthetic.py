@@ -44,6 +44,9 @@ _MEAN_GAP = 3_600  # seconds between consecutive interactions, on average
 _YEARS = (1950, 2025)  # item release years, independent of popularity
 
 
+DEFAULT_CLUSTERS = 20
+
+
 @dataclass(frozen=True)
 class SyntheticConfig:
     n_users: int = 2000
@@ -52,7 +55,7 @@ class SyntheticConfig:
     min_length: int = 5
     max_length: int = 200
     zipf_exponent: float = 1.0  # item popularity ~ 1 / rank**zipf_exponent
-    n_clusters: int = 20
+    n_clusters: int = 0  # 0: min(20, n_items), so a small catalogue needs no setting the CLI lacks
     clusters_per_user: int = 2  # distinct preferred clusters per user
     p_next: float = 0.55  # move to a near successor of the previous item
     p_cluster: float = 0.3  # draw a popular item of the previous item's cluster
@@ -64,6 +67,8 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         _check(self.n_users >= 1, f"n_users must be >= 1, got {self.n_users}")
         _check(self.n_items >= 2, f"n_items must be >= 2, got {self.n_items}")
+        if self.n_clusters == 0:
+            object.__setattr__(self, "n_clusters", min(DEFAULT_CLUSTERS, self.n_items))
         _check(
             1 <= self.n_clusters <= self.n_items,
             f"n_clusters must be in [1, n_items={self.n_items}], got {self.n_clusters}",

@@ -244,7 +244,7 @@ def test_markov_beats_popularity_by_a_wide_margin(seed: int) -> None:
     [
         ({"n_items": 1}, "n_items must be >= 2"),
         ({"n_users": 0}, "n_users must be >= 1"),
-        ({"n_clusters": 0}, "n_clusters must be in"),
+        ({"n_clusters": -1}, "n_clusters must be in"),
         ({"n_clusters": 501}, "n_clusters must be in"),
         ({"clusters_per_user": 21}, "clusters_per_user must be in"),
         ({"min_length": 0}, "lengths must satisfy"),
@@ -269,3 +269,11 @@ def test_tiny_catalog_works() -> None:
     data = generate(SyntheticConfig(n_users=20, n_items=2, n_clusters=2, clusters_per_user=2, mean_length=6))
     assert set(data.interactions[ITEM].to_pylist()) <= {"i1", "i2"}
     assert (item_codes(data) >= 0).all()
+
+
+def test_the_cluster_count_follows_a_small_catalogue() -> None:
+    """`seqrec prepare --dataset synthetic --n-items 10` failed on n_clusters 20, which the CLI cannot set."""
+    assert SyntheticConfig().n_clusters == 20  # the data every test and the demo use is unchanged
+    assert SyntheticConfig(n_items=10).n_clusters == 10
+    assert SyntheticConfig(n_items=10, n_clusters=4).n_clusters == 4
+    assert generate(SyntheticConfig(n_users=50, n_items=10)).items.num_rows == 10
