@@ -131,9 +131,11 @@ CALL_COST = 16  # one ONNX Runtime call costs about as much as 16 more positions
 
 def export_encoder(model: Retriever, max_len: int) -> bytes:
     """The served encoder as ONNX bytes, batch and length dynamic; raises ExportRefused."""
-    example = torch.zeros(2, max_len, dtype=torch.long)
-    example[0, -min(3, max_len):] = torch.arange(1, min(3, max_len) + 1)
-    example[1] = torch.arange(max_len) % (model.item_vectors().shape[0] - 1) + 1
+    n_items = model.item_vectors().shape[0] - 1
+    short = min(3, max_len)
+    example = torch.zeros(2, max_len, dtype=torch.long)  # a short left-padded history and a full one
+    example[0, -short:] = torch.arange(short) % n_items + 1  # ids in [1, n_items]: a catalogue may hold 1 item
+    example[1] = torch.arange(max_len) % n_items + 1
     return export_onnx(ServedEncoder(model), [example], ["item_ids"], "user_vectors",
                        {"item_ids": {0: "batch", 1: "length"}, "user_vectors": {0: "batch"}})
 

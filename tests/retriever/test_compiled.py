@@ -34,7 +34,7 @@ from tests.tiny import COMPILED_EAGER as EAGER
 from tests.tiny import MODEL_CONFIGS as CONFIGS
 from tests.tiny import TINY_ITEMS as N_ITEMS
 from tests.tiny import TINY_MAX_LEN as MAX_LEN
-from tests.tiny import tiny_retriever
+from tests.tiny import tiny_config, tiny_retriever
 
 
 def _histories(batch: int, length: int, seed: int) -> Tensor:
@@ -109,6 +109,18 @@ def test_weights_that_no_longer_match_the_file_are_refused(tmp_path: Path) -> No
         warnings.simplefilter("ignore")
         with pytest.raises(ExportRefused, match="differ from eager"):
             load_encoder(tmp_path, model, MAX_LEN)
+
+
+@pytest.mark.parametrize("n_items", [1, 2, 3])
+def test_a_catalogue_of_any_size_compiles(n_items: int, tmp_path: Path) -> None:
+    # the example input held ids 1..3, so a catalogue of 1 or 2 items failed in the exporter (IndexError)
+    torch.manual_seed(0)
+    model = tiny_config(next(c for c in CONFIGS if c.stem == "sasrec")).build(n_items).eval()
+    assert write_encoder(tmp_path, model, MAX_LEN) is None
+    ids = torch.randint(1, n_items + 1, (3, MAX_LEN))
+    with torch.inference_mode():
+        expected = ServedEncoder(model)(ids)
+    assert torch.allclose(load_encoder(tmp_path, model, MAX_LEN)(ids), expected, atol=PARITY_ATOL, rtol=0)
 
 
 def _brute_force_cost(lengths: list[int], call_cost: int) -> float:
