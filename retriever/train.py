@@ -20,7 +20,7 @@ import math
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from retriever.atomic import atomic_write
 from retriever.checkpoint import (
     SELECTION_METRIC,
     TrainState,
@@ -192,6 +193,7 @@ def fit(
     item_features: Tensor | None = None,
     dist: Distributed | None = None,
     init: Callable[[Retriever], Any] | None = None,
+    run_files: Mapping[str, str] | None = None,
 ) -> FitResult:
     """Train with early stopping on ``validate(model)[SELECTION_METRIC]``; returns the best model.
 
@@ -199,6 +201,7 @@ def fit(
     dist: this process's place in a torchrun job (process group already joined); ``validate``
     runs on rank 0 only, and the other ranks get back their last weights, not the best.
     init: called with the freshly built model before training (a warm start writes its weights).
+    run_files: name -> text written into ``run_dir`` once the model is built (a run that fails before writes none).
     """
     device = resolve_device(config, None if dist is None else dist.local_rank)
     torch.manual_seed(config.train.seed)
@@ -228,6 +231,8 @@ def fit(
     if run.main:
         run_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_run(run_dir) if run.main else contextlib.nullcontext():
+        for name, text in (run_files or {}).items() if run.main else ():
+            atomic_write(run_dir / name, lambda tmp, text=text: tmp.write_text(text))  # type: ignore[misc]
         return _fit_locked(run, windows, validate, resume)
 
 

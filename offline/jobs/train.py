@@ -20,7 +20,6 @@ from offline.data.split import LeaveOneOut, Split
 from offline.evaluation.evaluate import EVAL_KS, evaluate_vectors, index_target_ranks, summarize
 from offline.jobs.warm_start import warm_start_init
 from retriever.artifact import RetrieverArtifact, RetrieverManifest, load_artifact, write_artifact
-from retriever.atomic import atomic_write
 from retriever.config import ConfigError, RunConfig, config_from_dict
 from retriever.distributed import Distributed, broadcast_bytes, process_group
 from retriever.errors import SeqrecError
@@ -122,10 +121,10 @@ def train_retriever(
     return manifest if manifest is not None else RetrieverManifest.model_validate_json(text)
 
 
-def _check_run_data(run_dir: Path, data: PreparedDataset, resume: bool) -> None:
-    """Record in RUN/data.json the prepared data a training runs on (its files' checksums and sizes); --resume on
-    other data is refused. It continued silently: a checkpoint of another dataset with the same catalogue size
-    trained on, and the bundle was published as a model of the new data."""
+def _run_data(run_dir: Path, data: PreparedDataset, resume: bool) -> dict[str, str]:
+    """RUN/data.json, for `fit` to write beside its checkpoints: the prepared data a training runs on (its files'
+    checksums and sizes). --resume on other data is refused here: it continued silently, a checkpoint of another
+    dataset with the same catalogue size trained on, and the bundle was published as a model of the new data."""
     path = run_dir / RUN_DATA
     trained_on = {"sha256": data.manifest.get("sha256", {}), "users": data.n_users, "items": data.n_items}
     if resume and path.exists():
@@ -134,9 +133,7 @@ def _check_run_data(run_dir: Path, data: PreparedDataset, resume: bool) -> None:
             raise ConfigError(f"{run_dir}: its checkpoint was trained on other data ({stored.get('users')} users, "
                               f"{stored.get('items')} items; {data.path} has {data.n_users} and {data.n_items}, or "
                               "other files); resume with that --data, or choose a new --out")
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(trained_on, indent=2)))
+    return {RUN_DATA: json.dumps(trained_on, indent=2)}
 
 
 def _train_retriever(
@@ -163,10 +160,10 @@ def _train_retriever(
                              exclude_seen=exclude_seen)["valid"]
 
     init = None if init_from is None else warm_start_init(init_from, config, data)
-    if dist is None or dist.is_main:
-        _check_run_data(out / "run", data, resume)
+    run_files = _run_data(out / "run", data, resume) if dist is None or dist.is_main else {}
     result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume,
-                 item_features=None if features is None else torch.from_numpy(features), dist=dist, init=init)
+                 item_features=None if features is None else torch.from_numpy(features), dist=dist, init=init,
+                 run_files=run_files)
     if dist is not None and not dist.is_main:
         return None
     metrics = dense_metrics(result.model, evaluated, data.n_items, max_len, batch_size=eval_batch,
