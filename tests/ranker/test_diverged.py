@@ -19,21 +19,8 @@ from ranker.mlp import MLPRanker
 from ranker.train import UnrankableScores, served_order_ranks
 from retriever.artifact import load_artifact
 from retriever.errors import SeqrecError
-from tests.tiny import TINY, prepare_tiny
 
 DIRECT = ["--mining", "direct", "--depth", "20", "--epochs", "2", "--threads", "1", "-q"]
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return prepare_tiny(tmp_path_factory.mktemp("data") / "synthetic")
-
-
-@pytest.fixture(scope="module")
-def bundle(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bundles") / "b"
-    assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "-q"]) == 0
-    return out
 
 
 def _strict_json(text: str) -> dict:  # type: ignore[type-arg]
