@@ -205,6 +205,11 @@ def _with_metadata(keys: pa.Table, metadata: pa.Table | None, key: str, source: 
         first = repeated[0]["values"].as_py()
         raise SeqrecError(f"the {source} metadata lists {key} {first!r} more than once ({len(repeated)} such ids)")
     rows = pc.index_in(keys.column(key), value_set=meta_keys)
+    missing = rows.null_count
+    if missing:  # the metadata file lacks ids the interactions use: their columns stay empty
+        first = keys.column(key).filter(pc.is_null(rows))[0].as_py()
+        log.warning("the %s metadata has no row for %d of %d %ss (e.g. %r); their metadata columns are empty",
+                    source, missing, keys.num_rows, key.removesuffix("_id"), first)
     joined = metadata.drop_columns([key]).take(rows)
     for name in joined.column_names:
         keys = keys.append_column(name, joined.column(name))

@@ -8,6 +8,7 @@ The files carry no clock, so each interaction's timestamp is its position in the
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ import pyarrow as pa
 from offline.data.errors import DataError
 from offline.data.readers.base import RawDataset, natural_key
 from offline.data.readers.textio import read_bytes
+
+log = logging.getLogger(__name__)
 
 _BOM = b"\xef\xbb\xbf"  # some editors start UTF-8 files with one; it is no part of the first user id
 
@@ -68,11 +71,12 @@ def _read_lines(path: Path) -> tuple[list[str], list[str], np.ndarray]:
             fields = raw.decode("utf-8").split()
         except UnicodeDecodeError as err:
             raise DataError(path, f"not valid utf-8 text (byte {err.start} of the line)", line=number) from None
-        if len(fields) < 2:
-            if any(sep in fields[0] for sep in (",", ";", "|")):
-                raise DataError(path, f"expected 'user item [item ...]' separated by spaces, found one field "
-                                f"{fields[0][:60]!r}", line=number)
+        if len(fields) < 2 and not any(sep in fields[0] for sep in _JOINERS):
             raise DataError(path, "expected 'user item [item ...]', found a user with no items", line=number)
+        joined = next((field for field in fields if any(sep in field for sep in _JOINERS)), None)
+        if joined is not None:  # it was one item, '10,20,30', and its user likely dropped as too short
+            raise DataError(path, f"expected 'user item [item ...]' separated by spaces, found {joined[:60]!r}",
+                            line=number)
         user = fields[0]
         if user in first_line:
             raise DataError(path, f"user {user!r} appears again (first on line {first_line[user]})", line=number)
@@ -106,10 +110,23 @@ def _read_attributes(path: Path, item_ids: list[str]) -> pa.Table:
         values = mapping.get(item, [])
         if not isinstance(values, list):
             raise DataError(path, f"item {item!r}: expected a list of attribute ids, found {type(values).__name__}")
+        odd = next((v for v in values if isinstance(v, bool) or not isinstance(v, int | str)), _NONE)
+        if odd is not _NONE:  # str() made '[2, 3]', 'True' or 'None' an attribute
+            raise DataError(path, f"item {item!r}: attribute ids are integers or strings, found "
+                            f"{type(odd).__name__} {json.dumps(odd)[:40]}")
         attributes.append([str(v) for v in values])
+    missing = sum(item not in mapping for item in item_ids)
+    unknown = len(set(mapping) - set(item_ids))
+    if missing or unknown:
+        log.warning("%s: %d of %d items have no entry (their attributes are empty); %d entries name no item of the "
+                    "interactions", path, missing, len(item_ids), unknown)
     return pa.table(
         {"item_id": pa.array(item_ids, pa.string()), "attributes": pa.array(attributes, pa.list_(pa.string()))}
     )
+
+
+_JOINERS = (",", ";", "|")  # separators that would make one token of several items
+_NONE = object()
 
 
 class _RepeatedKey(Exception):

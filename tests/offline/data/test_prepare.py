@@ -133,6 +133,16 @@ def test_metadata_is_joined_in_item_order(write, tmp_path):
     assert rows[1]["title"] is None  # b has no metadata
 
 
+def test_items_the_metadata_lacks_are_reported(write, tmp_path, caplog):
+    """Their columns stay empty, as they did, but no longer without a word."""
+    items = write("items.csv", 'item,title,genres\nz,"Zed, the film",Drama|War\na,Alpha,Comedy\n')
+    raw = read_tabular(write("log.csv", LOG), user_col="user", item_col="item", time_col="ts", items_path=items)
+    prepare(raw, tmp_path / "p")
+    n_items = pq.read_table(tmp_path / "p" / "items.parquet").num_rows
+    assert (f"metadata has no row for {n_items - 2} of {n_items} items (e.g. 'b'); their metadata columns are empty"
+            in caplog.text)
+
+
 def test_duplicate_metadata_ids_are_refused(write, tmp_path):
     # The readers refuse a duplicate with its file and lines (test_malformed.py); prepare() keeps
     # its own guard for datasets built in code.
