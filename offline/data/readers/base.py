@@ -61,9 +61,13 @@ def int_if_integral(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunked
         return values
 
 
-def natural_key(value: str) -> tuple[int, int, str]:
-    """Sort key putting numeric ids in numeric order ("2" < "10"), then other ids."""
-    return (0, int(value), "") if value.isdigit() else (1, 0, value)
+def natural_key(value: str) -> tuple[int, int, str, str]:
+    """Sort key putting numeric ids in numeric order ("2" < "10"), then other ids. Compared as digit strings, not
+    through int(): '²' is a digit to str.isdigit and no number to int(), and int() refuses 4,300 digits or more."""
+    if value.isascii() and value.isdigit():
+        number = value.lstrip("0")
+        return (0, len(number), number, value)  # "007" and "7" are two ids: the one with zeros first
+    return (1, 0, value, "")
 
 
 def drop_duplicate_interactions(raw: RawDataset) -> RawDataset:

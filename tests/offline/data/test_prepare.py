@@ -70,6 +70,17 @@ def test_numeric_ids_sort_numerically(write, tmp_path):
     assert list(data.user_ids) == ["9", "10"]
 
 
+def test_ids_that_int_cannot_read_sort_as_text_or_by_their_digits(write, tmp_path):
+    """'²' (a digit to str.isdigit) and an id of 5,000 digits were internal errors in int()."""
+    long = "9" * 5000
+    text = "user,item,ts\n" + "".join(f"{u},{i},{t}\n" for u in ("u1", long, "7", "007")
+                                      for t, i in enumerate(("²", "10", "2", "a")))
+    _prepare(write, tmp_path, text)
+    data = load_prepared(tmp_path / "prepared")
+    assert list(data.item_ids) == ["", "2", "10", "a", "²"]
+    assert list(data.user_ids) == ["007", "7", long, "u1"]  # numbers by value ("007" and "7" two ids), then text
+
+
 def test_k_core_is_iterative(write, tmp_path):
     # k = 3: item "rare" occurs once and goes; that leaves u3 with 2 interactions, so u3
     # goes in the next round, which leaves item "d" (u3, u4, u5) with 2, below 3, so "d"
