@@ -92,8 +92,8 @@ def _check_roles(columns: dict[str, str | None]) -> None:
 def _read_columns(path: Path, columns: list[str] | None, sep: str, ids: list[str] | None = None) -> pa.Table:
     """``columns`` (None: all) of a Parquet file or a CSV with a header; ``ids``: columns where an empty CSV
     field is an error (Parquet's nulls and empty strings are caught by `_as_string`)."""
-    if not _is_parquet(path):
-        return read_delimited(path, sep=sep, header=True, quoted=True, columns=columns, non_empty=ids or ())
+    if not _is_parquet(path):  # a TSV has no quoting (IANA text/tab-separated-values): '"big" box' is that id
+        return read_delimited(path, sep=sep, header=True, quoted=sep != "\t", columns=columns, non_empty=ids or ())
     if not path.is_file():
         raise DataError(path, "no such file")
     if path.stat().st_size == 0:
@@ -149,12 +149,23 @@ def _as_clock(values: pa.Array, path: Path, column: str) -> pa.Array:
     if values.null_count:
         first, count = int(pc.index(pc.is_null(values), True).as_py()), values.null_count
         raise _at(path, first, f"column {column!r} has {count} empty value{'' if count == 1 else 's'}")
+    if pa.types.is_large_string(values.type) or pa.types.is_string_view(values.type):
+        values = values.cast(pa.string())
     if pa.types.is_string(values.type):
         values = _parse_time_strings(values, path, column)
     if pa.types.is_timestamp(values.type) or pa.types.is_date(values.type):
-        seconds = values.cast(pa.timestamp("us")).cast(pa.int64()).to_numpy() / 1e6
-        values = pa.array(seconds)
+        try:
+            micros = values.cast(pa.timestamp("us"))
+        except pa.ArrowInvalid:  # nanoseconds that are no whole microsecond
+            exact = values.cast(pa.timestamp("us"), safe=False).cast(values.type)
+            row = int(pc.index(pc.not_equal(exact, values), True).as_py())
+            raise _at(path, row, f"column {column!r} holds times finer than a microsecond, which seqrec's clock "
+                      "(seconds, to the microsecond) cannot order; round them to microseconds") from None
+        values = pa.array(micros.cast(pa.int64()).to_numpy() / 1e6)
     if pa.types.is_integer(values.type):
+        if pa.types.is_uint64(values.type) and len(values) and pc.max(values).as_py() > 2**63 - 1:
+            row = int(np.argmax(values.to_numpy(zero_copy_only=False) > np.uint64(2**63 - 1)))
+            raise _at(path, row, f"column {column!r} holds a timestamp above 2**63 - 1")
         return values.cast(pa.int64())
     if pa.types.is_floating(values.type):
         finite = np.isfinite(values.to_numpy(zero_copy_only=False))
@@ -166,7 +177,8 @@ def _as_clock(values: pa.Array, path: Path, column: str) -> pa.Array:
 
 # ISO dates with a zone ("...T10:00:00Z", "+02:00") parse only as zoned timestamps (kept in UTC); those without
 # one only as naive timestamps, read as UTC.
-_TIME_TYPES = (pa.int64(), pa.float64(), pa.timestamp("us"), pa.timestamp("us", tz="UTC"))
+_TIME_TYPES = (pa.int64(), pa.float64(), pa.timestamp("us"), pa.timestamp("us", tz="UTC"), pa.timestamp("ns"),
+               pa.timestamp("ns", tz="UTC"))  # nanoseconds: refused by `_as_clock` unless whole microseconds
 _NUMBER = r"^\s*[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|(?i:inf|infinity|nan))\s*$"  # what casts to float64
 _ZONED = r"\d:\d\d(:\d\d(\.\d+)?)?\s*((?i:z)|[+-]\d\d(:?\d\d)?)\s*$"  # a time of day, then a zone
 _KINDS = ("numbers", "dates", "dates with a zone")
@@ -200,6 +212,17 @@ def _cast_to_time(values: pa.Array) -> pa.Array | None:
     return None
 
 
+def _value_lists(column: pa.Array) -> pa.Array:
+    """'Drama|War' -> ['Drama', 'War']; an empty field, or 'a||b', holds no empty value ('' was one more genre the
+    ranker's features counted)."""
+    lists = pc.split_pattern(column, "|")
+    values, parents = pc.list_flatten(lists), pc.list_parent_indices(lists)
+    keep = pc.not_equal(values, "")
+    counts = np.bincount(parents.filter(keep).to_numpy(), minlength=len(lists))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, values.filter(keep), mask=lists.is_null())
+
+
 def _read_items(path: Path, item_col: str, sep: str) -> pa.Table:
     table = _read_columns(path, None, sep)
     if item_col not in table.column_names:
@@ -217,6 +240,6 @@ def _read_items(path: Path, item_col: str, sep: str) -> pa.Table:
             continue
         column = table.column(name).combine_chunks()
         if name in ("genres", "attributes") and pa.types.is_string(column.type):
-            column = pc.split_pattern(column, "|")
+            column = _value_lists(column)
         columns[name] = column
     return pa.table(columns)

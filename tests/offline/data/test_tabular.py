@@ -82,3 +82,45 @@ def test_parquet_column_named_twice(write, tmp_path):
                                         names=["item_id", "title", "title"]), items)
     with pytest.raises(DataError, match=r"items.parquet: column 'title' appears 2 times; rename all but one"):
         read_tabular(write("log.csv", "user_id,item_id,timestamp\n1,1,5\n"), items_path=items)
+
+
+def test_a_tsv_reads_quotes_as_they_are(write):
+    """A TSV has no quoting: '"big" box' lost its quotes and became 'big box'."""
+    raw = read_tabular(write("log.tsv", 'u\ti\tt\n1\t"big" box\t2\n1\t"a"\t3\n'), user_col="u", item_col="i",
+                       time_col="t", sep="\t")
+    assert raw.interactions.column("item_id").to_pylist() == ['"big" box', '"a"']
+    quoted = read_tabular(write("log.csv", 'u,i,t\n1,"a, b",2\n'), user_col="u", item_col="i", time_col="t")
+    assert quoted.interactions.column("item_id").to_pylist() == ["a, b"]  # a CSV's quotes still quote
+
+
+def _parquet_clock(tmp_path, values, type_):
+    path = tmp_path / "log.parquet"
+    pq.write_table(pa.table({"user_id": ["1"] * len(values), "item_id": [f"i{n}" for n in range(len(values))],
+                             "timestamp": pa.array(values, type_)}), path)
+    return path
+
+
+def test_clocks_arrow_cannot_cast_to_microseconds_are_one_line(tmp_path):
+    """Each was an internal error (ArrowInvalid) before."""
+    exact = _parquet_clock(tmp_path, [1_600_000_000_000_001_000, 1_600_000_000_000_000_000], pa.timestamp("ns"))
+    assert read_tabular(exact).interactions.column("timestamp").to_pylist() == [1600000000.000001, 1600000000.0]
+    finer = _parquet_clock(tmp_path, [1_600_000_000_000_000_000, 1_600_000_000_000_000_003], pa.timestamp("ns"))
+    with pytest.raises(DataError, match=r"row 2: column 'timestamp' holds times finer than a microsecond"):
+        read_tabular(finer)
+    huge = _parquet_clock(tmp_path, [5, 2**63 + 5], pa.uint64())
+    with pytest.raises(DataError, match=r"row 2: column 'timestamp' holds a timestamp above 2\*\*63 - 1"):
+        read_tabular(huge)
+
+
+def test_iso_dates_in_any_string_type_and_to_the_nanosecond(tmp_path, write):
+    dates = _parquet_clock(tmp_path, ["2020-01-01T00:00:01Z", "2020-01-01T00:00:00Z"], pa.large_string())
+    assert read_tabular(dates).interactions.column("timestamp").to_pylist() == [1577836801, 1577836800]
+    path = write("log.csv", "user_id,item_id,timestamp\n1,a,2020-01-01T00:00:00.000000001Z\n")
+    with pytest.raises(DataError, match="holds times finer than a microsecond"):  # was 'neither a number nor'
+        read_tabular(path)
+
+
+def test_an_empty_genre_is_no_genre(write):
+    items = write("items.csv", "item_id,genres\na,\nb,Drama||War\n")
+    raw = read_tabular(write("log.csv", "user_id,item_id,timestamp\n1,a,1\n1,b,2\n"), items_path=items)
+    assert raw.items.column("genres").to_pylist() == [[], ["Drama", "War"]]  # [''] and ['Drama', '', 'War'] before
