@@ -278,7 +278,7 @@ CASES = [
     Case("s3rec", "truncated line (user only)", changed(S3REC, Toy__txt=lines("1 10 20 30", "2")),
          Fails("Toy.txt", 2, "found a user with no items")),
     Case("s3rec", "comma separated", changed(S3REC, Toy__txt=lines("1,10,20,30", "2,10,30,20")),
-         Fails("Toy.txt", 1, "expected 'user item \\[item ...\\]' separated by spaces, found one field '1,10,20,30'")),
+         Fails("Toy.txt", 1, "expected 'user item \\[item ...\\]' separated by spaces, found '1,10,20,30'")),
     Case("s3rec", "not UTF-8", changed(S3REC, Toy__txt=lines("1 10 20 30") + b"2 1\xfe0 30 20\n"),
          Fails("Toy.txt", 2, "not valid utf-8 text")),
     Case("s3rec", "empty", changed(S3REC, Toy__txt=b""), Fails("Toy.txt", None, "file is empty")),
