@@ -81,6 +81,17 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def staging_dir(out: Path) -> Path:
+    """A new hidden folder beside ``out`` to write it in before `replace_dir`, with the mode a plain mkdir gives
+    (mkdtemp's 0700 stayed on the published folder: a service or a colleague under another user could not read
+    a prepared dataset or a report)."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
+    return staging
+
+
 def replace_dir(staging: Path, out: Path) -> None:
     """Replace the folder ``out`` by ``staging`` (a sibling) with renames, so readers never see half a folder.
 

@@ -17,7 +17,6 @@ import argparse
 import json
 import logging
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import torch
 from offline.data.prepared import PreparedDataset
 from offline.evaluation.breakdown import breakdown, model_ranks, training_counts
 from retriever.artifact import RetrieverArtifact, load_artifact
-from retriever.atomic import check_replaceable, replace_dir
+from retriever.atomic import check_replaceable, replace_dir, staging_dir
 from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -164,7 +163,7 @@ def write_report(report: Mapping[str, Any], out: Path) -> list[str]:
     from offline.analysis.report import draw_all, render_html
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = staging_dir(out)
     try:
         images = draw_all(report, staging)
         (staging / "report.json").write_text(json.dumps(report, separators=(",", ":")) + "\n")  # large arrays

@@ -11,7 +11,9 @@ import argparse
 import errno
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import TypeGuard
 
@@ -64,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit -6): once a clean-clone CI run of `torchrun ... train --distributed` failed that way after its artifact
     was written, and twice another torchrun worker of the tests.
     """
+    if argv is None:  # the program itself: a SIGTERM (kill, a scheduler, docker stop) unwinds as Ctrl-C does
+        _terminate_by_unwinding()
     code = _run(argv)
     if argv is None and "RANK" in os.environ:
         from retriever.distributed import Distributed
@@ -74,6 +78,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(code)
     return code
+
+
+class Terminated(BaseException):
+    """Raised by SIGTERM, so that every `finally` and cleanup runs: killed outright, `seqrec prepare` left its
+    hidden staging folder beside --out, one more each time."""
+
+
+def _terminate_by_unwinding() -> None:
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_terminated)
 
 
 def _run(argv: Sequence[str] | None) -> int:
@@ -94,6 +111,9 @@ def _run(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print("seqrec: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("seqrec: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:  # `seqrec ... | head`: the reader went away; nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

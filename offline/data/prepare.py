@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +25,7 @@ from offline.data.prepared import FORMAT, ITEMS, MANIFEST, SEQUENCES, USERS, rea
 from offline.data.readers.base import RawDataset, natural_key
 from offline.data.sequences import Sequences
 from offline.data.split import MIN_LENGTH, leave_one_out, repeat_shares
-from retriever.atomic import check_replaceable, replace_dir
+from retriever.atomic import check_replaceable, replace_dir, staging_dir
 from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -111,7 +110,9 @@ def _apply_rating_filter(raw: RawDataset, min_rating: float | None) -> pa.Table:
         return table
     if "rating" not in table.column_names:
         raise SeqrecError(f"--min-rating given but the {raw.source} data has no ratings")
-    return table.filter(pc.greater_equal(table.column("rating"), min_rating))
+    kept = table.filter(pc.greater_equal(table.column("rating"), min_rating))
+    log.info("--min-rating %g kept %d of %d interactions", min_rating, kept.num_rows, table.num_rows)
+    return kept
 
 
 def _encode_sorted(table: pa.Table) -> Encoded:
@@ -227,7 +228,7 @@ def _is_prepared(folder: Path) -> bool:
 def _write_atomically(out: Path, tables: dict[str, pa.Table | None], manifest: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        staging = staging_dir(out)
     except OSError as err:  # name the folder the user asked for, not our hidden sibling of it
         raise OSError(err.errno, err.strerror, str(out)) from None
     try:

@@ -259,3 +259,44 @@ def test_a_key_given_twice_in_a_config_is_refused(tmp_path, capsys):
     assert read_yaml(merged, "config")["train"] == {"lr": 0.01, "epochs": 3}
     for committed in sorted(shipped_configs().rglob("*.yaml")):  # none of ours gives a key twice
         read_yaml(committed, "config")
+
+
+def test_a_sigterm_unwinds_and_leaves_no_staging_folder(tmp_path, monkeypatch, capsys):
+    """Killed outright by SIGTERM, prepare left its hidden staging folder beside --out, one more each time; the
+    program (main without argv) now turns SIGTERM into an exception that runs the cleanup, then exits 143."""
+    import os
+    import signal
+
+    import pyarrow.parquet as pq
+
+    from offline.cli import seqrec
+
+    write_table = pq.write_table
+
+    def terminated_mid_write(table, where, *args, **kwargs):  # type: ignore[no-untyped-def]
+        write_table(table, where, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` would, while the folder is half written
+
+    previous = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(pq, "write_table", terminated_mid_write)
+    monkeypatch.setattr(sys, "argv", ["seqrec", "prepare", "--dataset", "synthetic", "--n-users", "50",
+                                      "--out", str(tmp_path / "p"), "-q"])
+    try:
+        assert seqrec.main() == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err.strip().endswith("seqrec: terminated")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_prepared_folder_gets_the_mode_a_plain_folder_would(tmp_path):
+    """mkdtemp's 0700 stayed on it: a service or a colleague under another user could not read the data."""
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        prepare_tiny(tmp_path / "data")
+        (tmp_path / "plain").mkdir()
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "data").stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777 == 0o755
