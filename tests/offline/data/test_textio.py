@@ -52,3 +52,76 @@ def test_unknown_column_lists_the_columns(write):
     path = write("log.csv", "userId,movieId\n1,2\n")
     with pytest.raises(DataError, match=r"no column 'user_id' \(columns: userId, movieId\)"):
         read_delimited(path, sep=",", header=True, columns=["user_id"])
+
+
+def _multiline_log(n_rows: int) -> str:
+    """A quoted CSV where every third item id holds a line break: row r starts on line 2 + r + (r + 2) // 3."""
+    rows = [f'{r},"it\n{r}",{r}' if r % 3 == 0 else f"{r},{r},{r}" for r in range(n_rows)]
+    return "user,item,ts\n" + "\n".join(rows) + "\n"
+
+
+@pytest.mark.parametrize("n_rows", [10, 60_000])  # 60 000 rows is over 1 MB: Arrow reads it in blocks
+def test_quoted_fields_hold_line_breaks_in_any_file(write, n_rows):
+    path = write("log.csv", _multiline_log(n_rows))
+    table = read_delimited(path, sep=",", header=True, quoted=True, types={"ts": pa.int64()})
+    assert table.num_rows == n_rows
+    assert table.column("item").to_pylist()[:4] == ["it\n0", "1", "2", "it\n3"]
+
+
+def test_lines_are_counted_in_the_file_past_quoted_line_breaks(write):
+    text = _multiline_log(9)
+    bad_ts = write("bad_ts.csv", text.replace("7,7,7", "7,7,soon"))
+    with pytest.raises(DataError, match="column 'ts': 'soon' is not an int") as info:
+        read_delimited(bad_ts, sep=",", header=True, quoted=True, types={"ts": pa.int64()})
+    assert info.value.line == 12  # 2 + 7 + (7 + 2) // 3
+    no_id = write("no_id.csv", text.replace("7,7,7", ",7,7"))
+    with pytest.raises(DataError, match="column 'user' is empty") as info:
+        read_delimited(no_id, sep=",", header=True, quoted=True, non_empty=["user"])
+    assert info.value.line == 12  # 2 + 7 + (7 + 2) // 3
+
+
+def test_a_quote_left_open_is_an_error_not_a_field_to_the_end(write):
+    path = write("log.csv", 'user,item,ts\n1,10,100\n2,"20,200\n3,30,300\n')
+    with pytest.raises(DataError, match="unclosed quote") as info:
+        read_delimited(path, sep=",", header=True, quoted=True)
+    assert info.value.line == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("99999999999999999999", "'99999999999999999999' is out of range for int64"),  # Python's int() takes these
+        ("1_02", "'1_02' is not an int"),
+    ],
+)
+def test_values_arrow_refuses_are_named_with_their_line(write, value, reason):
+    path = write("u.data", f"1\t2\t3\t4\n1\t2\t3\t{value}\n")
+    with pytest.raises(DataError, match=reason) as info:
+        read_delimited(path, sep="\t", names=NAMES, types=TYPES)
+    assert info.value.line == 2
+
+
+def test_a_long_bad_value_is_cut_in_the_message(write):
+    path = write("u.data", "1\t2\t3\t4\n1\t2\t3\t" + "x" * 2_000_000 + "\n")
+    with pytest.raises(DataError, match=r"column 'ts': 'x{80}'… is not an int") as info:
+        read_delimited(path, sep="\t", names=NAMES, types=TYPES)
+    assert info.value.line == 2
+    assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_a_byte_order_mark_is_no_part_of_the_first_field(write, encoding):
+    path = write("movies.dat", b"\xef\xbb\xbf" + "10::Caf\xe9 (1999)::Drama\n".encode(encoding))
+    table = read_delimited(path, sep="::", names=["id", "title", "genres"], encoding=encoding)
+    assert table.to_pylist() == [{"id": "10", "title": "Café (1999)", "genres": "Drama"}]
+
+
+def test_trimmed_columns_lose_surrounding_spaces(write):
+    path = write("ratings.dat", "1:: 20::5::101\n2 ::10::4::102\n3::  ::4::103\n")
+    with pytest.raises(DataError, match="column 'item' is empty") as info:
+        read_delimited(path, sep="::", names=NAMES, types=TYPES, trimmed=["user", "item"], non_empty=["item"])
+    assert info.value.line == 3
+    path.write_text("1:: 20::5::101\n2 ::10::4::102\n")
+    table = read_delimited(path, sep="::", names=NAMES, types=TYPES, trimmed=["user", "item"])
+    assert table.column("user").to_pylist() == ["1", "2"]
+    assert table.column("item").to_pylist() == ["20", "10"]
