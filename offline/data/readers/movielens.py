@@ -14,12 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from offline.data.errors import DataError
 from offline.data.readers.base import ITEM, TIME, USER, RawDataset
 from offline.data.readers.recbole import read_recbole
-from offline.data.readers.textio import check_unique, read_bytes, read_delimited
+from offline.data.readers.textio import check_unique, read_bytes, read_delimited, row_line
 from retriever.errors import SeqrecError
 
 OFFICIAL_BASE_URL = "https://files.grouplens.org/datasets/movielens"
@@ -63,6 +64,8 @@ RATING = "rating"
 _RATING_NAMES = [USER, ITEM, RATING, TIME]
 _RATING_TYPES = {RATING: pa.float64(), TIME: pa.int64()}
 _USER_TYPES = {"age": pa.int32()}
+# Ids lose surrounding spaces ("1:: 20::5" is item "20", as Arrow reads the rating beside it as 5): GroupLens
+# files have none, and a hand-edited file means none.
 _IDS = (USER, ITEM)
 
 
@@ -96,7 +99,9 @@ def read_movielens(path: str | Path, variant: str) -> RawDataset:
 
 def _read_100k(folder: Path, variant: str) -> RawDataset:
     ratings = folder / "u.data"
-    interactions = read_delimited(ratings, sep="\t", names=_RATING_NAMES, types=_RATING_TYPES, non_empty=_IDS)
+    interactions = read_delimited(ratings, sep="\t", names=_RATING_NAMES, types=_RATING_TYPES, non_empty=_IDS,
+                                  trimmed=_IDS)
+    _check_finite_ratings(ratings, interactions, header=False)
     genre_path = folder / "u.genre"
     genres = _read_genre_names(genre_path) if genre_path.exists() else list(ML100K_GENRES)
     items_path = folder / "u.item"
@@ -115,7 +120,7 @@ def _read_users(path: Path, *, sep: str, names: list[str]) -> pa.Table | None:
     """The optional users file (100K's u.user, 1M's users.dat): one row per user id, or None if absent."""
     if not path.exists():
         return None
-    users = read_delimited(path, sep=sep, names=names, types=_USER_TYPES)
+    users = read_delimited(path, sep=sep, names=names, types=_USER_TYPES, trimmed=[USER])
     check_unique(users[USER], path, USER, header=False)
     return users
 
@@ -138,6 +143,7 @@ def _read_100k_items(path: Path, genres: list[str]) -> pa.Table:
         types={flag: pa.int8() for flag in flags},
         encoding=_text_encoding(path),
         columns=[ITEM, "title", "release_date", *flags],
+        trimmed=[ITEM],
     )
     check_unique(table[ITEM], path, ITEM, header=False)
     rows = zip(*(table[flag].to_pylist() for flag in flags), strict=True)
@@ -150,9 +156,12 @@ def _read_100k_items(path: Path, genres: list[str]) -> pa.Table:
 def _read_dat(folder: Path, variant: str) -> RawDataset:
     """1M and 10M: ratings.dat, movies.dat (``id::title::A|B``) and, for 1M, users.dat."""
     ratings = folder / "ratings.dat"
-    interactions = read_delimited(ratings, sep="::", names=_RATING_NAMES, types=_RATING_TYPES, non_empty=_IDS)
+    interactions = read_delimited(ratings, sep="::", names=_RATING_NAMES, types=_RATING_TYPES, non_empty=_IDS,
+                                  trimmed=_IDS)
+    _check_finite_ratings(ratings, interactions, header=False)
     movies = folder / "movies.dat"
-    items = read_delimited(movies, sep="::", names=[ITEM, "title", "genres"], encoding=_text_encoding(movies))
+    items = read_delimited(movies, sep="::", names=[ITEM, "title", "genres"], encoding=_text_encoding(movies),
+                           trimmed=[ITEM])
     check_unique(items[ITEM], movies, ITEM, header=False)
     users_path = folder / "users.dat"
     users = _read_users(users_path, sep="::", names=[USER, "gender", "age", "occupation", "zip_code"])
@@ -175,10 +184,13 @@ def _read_csv(folder: Path, variant: str) -> RawDataset:
         types={RATING: pa.float64(), "timestamp": pa.int64()},
         columns=["userId", "movieId", RATING, "timestamp"],
         non_empty=["userId", "movieId"],
+        trimmed=["userId", "movieId"],
     ).rename_columns(_RATING_NAMES)
+    _check_finite_ratings(ratings, interactions, header=True)
     movies = folder / "movies.csv"
-    items = read_delimited(movies, sep=",", header=True, quoted=True, columns=["movieId", "title", "genres"])
-    check_unique(items["movieId"], movies, ITEM, header=True)
+    items = read_delimited(movies, sep=",", header=True, quoted=True, columns=["movieId", "title", "genres"],
+                           trimmed=["movieId"])
+    check_unique(items["movieId"], movies, ITEM, header=True, quoted=True)
     return RawDataset(
         source=variant,
         interactions=_interaction_columns(interactions),
@@ -204,6 +216,15 @@ def _read_recbole_copy(folder: Path, variant: str) -> RawDataset:
         with contextlib.suppress(pa.ArrowInvalid):  # ages that are not all numbers stay text
             users = users.set_column(users.column_names.index("age"), "age", users["age"].cast(pa.int32()))
     return dataclasses.replace(dataset, source=variant, items=items, users=users)
+
+
+def _check_finite_ratings(path: Path, table: pa.Table, *, header: bool) -> None:
+    """NaN or an infinity is no rating: --min-rating would drop it without a word."""
+    finite = np.isfinite(table.column(RATING).to_numpy())
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise DataError(path, f"column {RATING!r} holds a non-finite rating ({table.column(RATING)[row].as_py()})",
+                        line=row_line(path, row, header=header))
 
 
 def _interaction_columns(table: pa.Table) -> pa.Table:

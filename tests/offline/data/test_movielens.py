@@ -242,6 +242,35 @@ def test_known_releases() -> None:
     assert RELEASES["ml-10m"].url == "https://files.grouplens.org/datasets/movielens/ml-10m.zip"
 
 
+def test_spaces_around_ids_are_no_part_of_them(tmp_path: Path) -> None:
+    write_1m(tmp_path)
+    write(tmp_path / "ratings.dat", "2::1193::5::978300760\n1:: 661::3::978302109\n2 ::914 ::3::978301968\n")
+    movies = "1193::Cuckoo's Nest (1975)::Drama\n 661 ::Métisse (1993)::Comedy\n914::Heidi::Drama\n"
+    write(tmp_path / "movies.dat", movies, encoding="iso-8859-1")
+    write(tmp_path / "users.dat", "1 ::F::1::10::48067\n2::M::56::16::70072\n")
+    data = read_movielens(tmp_path, "ml-1m")
+    assert columns(data.interactions)["user_id"] == ["2", "1", "2"]
+    assert columns(data.interactions)["item_id"] == ["1193", "661", "914"]
+    assert columns(data.items)["item_id"] == ["1193", "661", "914"]
+    assert columns(data.users)["user_id"] == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    ("name", "encoding"), [("movies.dat", "iso-8859-1"), ("movies.dat", "utf-8"), ("u.item", "iso-8859-1")]
+)
+def test_a_byte_order_mark_keeps_the_first_items_metadata(tmp_path: Path, name: str, encoding: str) -> None:
+    if name == "movies.dat":
+        write_1m(tmp_path)
+    else:
+        write_100k(tmp_path)
+    path = tmp_path / name
+    write(path, b"\xef\xbb\xbf" + path.read_bytes().decode("iso-8859-1").encode(encoding))
+    data = read_movielens(tmp_path, "ml-1m" if name == "movies.dat" else "ml-100k")
+    first = columns(data.items)
+    assert first["item_id"][0] == ("1193" if name == "movies.dat" else "10")
+    assert first["title"][0] in ("One Flew Over the Cuckoo's Nest (1975)", "Café au Lait (1993)")
+
+
 # --- malformed input -----------------------------------------------------------------
 
 
@@ -267,6 +296,24 @@ def test_non_numeric_timestamp(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"u\.data:2: column 'timestamp': 'yesterday' is not an int") as err:
         read_movielens(tmp_path, "ml-100k")
     assert err.value.path == str(ratings)
+
+
+@pytest.mark.parametrize("rating", ["nan", "inf", "-Infinity"])
+@pytest.mark.parametrize(
+    ("writer", "variant", "name", "lines", "line"),
+    [
+        (write_100k, "ml-100k", "u.data", "1\t10\t5\t100\n1\t20\t{}\t101\n", 2),
+        (write_1m, "ml-1m", "ratings.dat", "1::1193::5::100\n\n1::661::{}::101\n", 3),
+        (write_20m, "ml-20m", "ratings.csv", "userId,movieId,rating,timestamp\n7,11,{},1\n", 2),
+    ],
+)
+def test_non_finite_rating(tmp_path: Path, rating: str, writer: Callable[[Path], Path], variant: str, name: str,
+                           lines: str, line: int) -> None:
+    writer(tmp_path)
+    ratings = write(tmp_path / name, lines.format(rating))
+    with pytest.raises(DataError, match="column 'rating' holds a non-finite rating") as err:
+        read_movielens(tmp_path, variant)
+    assert (err.value.path, err.value.line) == (str(ratings), line)
 
 
 def test_non_utf8_in_ml20m_movies(tmp_path: Path) -> None:
