@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from offline.data.errors import DataError
 from offline.data.readers.base import ITEM, TIME, USER, RawDataset, int_if_integral
-from offline.data.readers.textio import check_unique, header_fields, read_delimited, row_line
+from offline.data.readers.textio import check_unique, header_fields, read_delimited, row_line, shown_value
 
 _TYPES = ("token", "token_seq", "float", "float_seq")
 RATING = "rating"
@@ -30,8 +31,9 @@ def read_recbole(path: str | Path, name: str | None = None) -> RawDataset:
     name: the files' stem (``ml-100k`` for ``ml-100k.inter``); None takes the single
         ``*.inter`` file in the folder.
     The interactions keep the file's row order. ``timestamp`` becomes int64 when every
-    value is integral (RecBole declares it float), else float64; without a timestamp
-    field it holds each row's position in the file and ``has_timestamps`` is False.
+    value is a whole number (RecBole declares it float; read exactly, not through a
+    float), else float64; NaN and infinities are errors. Without a timestamp field it
+    holds each row's position in the file and ``has_timestamps`` is False.
     """
     folder = Path(path)
     inter_path = _inter_path(folder, name)
@@ -88,16 +90,59 @@ def _read_interactions(path: Path) -> tuple[pa.Table, bool]:
         if key not in fields:
             raise DataError(path, f"no {key!r} field in the header (fields: {', '.join(fields)})", line=1)
     wanted = [name for name in (USER, ITEM, TIME, RATING) if name in fields]
-    numeric = {fields[name][0]: pa.float64() for name in (TIME, RATING) if name in fields}
+    numeric = {fields[RATING][0]: pa.float64()} if RATING in fields else {}
     table = read_delimited(path, sep="\t", header=True, types=numeric, columns=[fields[n][0] for n in wanted],
                            non_empty=[fields[USER][0], fields[ITEM][0]])
     table = table.rename_columns(wanted)
+    if RATING in fields:
+        _check_finite(table[RATING], path, fields[RATING][0], "ratings")
     if TIME in fields:
-        table = table.set_column(wanted.index(TIME), TIME, int_if_integral(table[TIME]))
+        table = table.set_column(wanted.index(TIME), TIME, _timestamps(table[TIME], path, fields[TIME][0]))
     else:
         positions = pa.array(np.arange(table.num_rows, dtype=np.int64))
         table = table.add_column(2, TIME, positions)
     return table, TIME in fields
+
+
+def _timestamps(text: pa.ChunkedArray, path: Path, field: str) -> pa.Array:
+    """int64 when every value is a whole number ("1600000000000000003", "978300760.0"), exactly: through float64
+    such values past 2**53 would round, and ties rewrite the order. Else finite float64."""
+    text = pc.utf8_trim_whitespace(text.combine_chunks())
+    for whole in (text, pc.replace_substring_regex(text, r"\.0*$", "")):
+        try:
+            return whole.cast(pa.int64())
+        except pa.ArrowInvalid:
+            continue
+    try:
+        numbers = text.cast(pa.float64())
+    except pa.ArrowInvalid:
+        row = _first_failing_cast(text, pa.float64())
+        raise DataError(path, f"column {field!r}: {shown_value(text[row].as_py())} is not a float",
+                        line=row_line(path, row, header=True)) from None
+    _check_finite(numbers, path, field, "timestamps")
+    return int_if_integral(numbers)
+
+
+def _first_failing_cast(values: pa.Array, dtype: pa.DataType) -> int:
+    """The first value that does not cast, by bisection (Arrow's cast says which value, not where)."""
+    good, bad = 0, len(values)  # values[good:bad] holds the first failure
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        try:
+            values.slice(good, middle - good).cast(dtype)
+        except pa.ArrowInvalid:
+            bad = middle
+        else:
+            good = middle
+    return good
+
+
+def _check_finite(values: pa.Array | pa.ChunkedArray, path: Path, field: str, what: str) -> None:
+    finite = np.isfinite(values.to_numpy())
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise DataError(path, f"column {field!r} holds non-finite {what} ({values[row].as_py()})",
+                        line=row_line(path, row, header=True))
 
 
 def _read_metadata(path: Path, key: str, known: dict[str, tuple[str, Converter]]) -> pa.Table:
@@ -153,7 +198,7 @@ def _float(value: str, index: int, path: Path, field: str) -> float | None:
     try:
         return float(value)
     except ValueError:
-        raise DataError(path, f"column {field!r}: {value!r} is not a float",
+        raise DataError(path, f"column {field!r}: {shown_value(value)} is not a float",
                         line=row_line(path, index, header=True)) from None
 
 

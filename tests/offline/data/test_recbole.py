@@ -79,6 +79,16 @@ def test_fractional_timestamps_stay_float(tmp_path: Path) -> None:
     assert data.users is None
 
 
+@pytest.mark.parametrize("suffix", ["", ".0"])
+def test_large_whole_timestamps_are_read_exactly(tmp_path: Path, suffix: str) -> None:
+    # Through float64 all three were 1600000000000000000: a tie, so the stable sort kept 10, 20, 30.
+    rows = "".join(f"1\t{item}\t160000000000000000{digit}{suffix}\n" for item, digit in ((10, 3), (20, 1), (30, 2)))
+    write(tmp_path / "x.inter", "user_id:token\titem_id:token\ttimestamp:float\n" + rows)
+    data = read_recbole(tmp_path)
+    assert data.interactions.schema.field("timestamp").type == pa.int64()
+    assert data.interactions["timestamp"].to_pylist() == [1600000000000000003, 1600000000000000001, 1600000000000000002]
+
+
 def test_no_timestamp_field_gives_file_positions(tmp_path: Path) -> None:
     write(tmp_path / "x.inter", "item_id:token\tuser_id:token\nb\ta\nc\ta\nb\td\n")
     data = read_recbole(tmp_path)
@@ -113,6 +123,14 @@ def test_name_picks_one_of_several(tmp_path: Path) -> None:
         ("user_id:token\trating:float\nu\t1\n", 1, "no 'item_id' field in the header"),
         ("user_id:token\titem_id:token\trating:float\nu\ti\t4\nu\ti\tgood\n", 3, "'good' is not a float"),
         ("user_id:token\titem_id:token\ttimestamp:float\nu\ti\t4\nu\ti\n", 3, "expected 3 fields separated by '\\t'"),
+        ("user_id:token\titem_id:token\ttimestamp:float\nu\ti\t4\nu\ti\tnan\n", 3, "holds non-finite timestamps"),
+        ("user_id:token\titem_id:token\ttimestamp:float\nu\ti\tinf\nu\ti\t4\n", 2, "holds non-finite timestamps"),
+        ("user_id:token\titem_id:token\ttimestamp:float\nu\ti\t4\n\nu\ti\t-inf\n", 4, "holds non-finite timestamps"),
+        ("user_id:token\titem_id:token\ttimestamp:float\nu\ti\t4\nu\ti\t4.5\nu\ti\tsoon\n", 4,
+         "column 'timestamp:float': 'soon' is not a float"),
+        ("user_id:token\titem_id:token\ttimestamp:float\nu\ti\t4\nu\ti\t\n", 3, "'' is not a float"),
+        ("user_id:token\titem_id:token\ttimestamp:float\nu\ti\t" + "9" * 100_000 + "x\n", 2, "'" + "9" * 80 + "'… is"),
+        ("user_id:token\titem_id:token\trating:float\nu\ti\t4\nu\ti\tNaN\n", 3, "holds non-finite ratings"),
         (b"user_id:token\titem_id:token\nu\t\xffi\n", 2, "not valid utf-8"),
         ("", None, "file is empty"),
     ],
