@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from offline.data.errors import DataError
 from offline.data.readers.base import RawDataset, int_if_integral
-from offline.data.readers.textio import check_unique, one_line, read_delimited, row_line
+from offline.data.readers.textio import check_unique, one_line, read_delimited, row_line, shown_value
 from retriever.errors import SeqrecError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -43,9 +43,9 @@ def read_tabular(
     times = table.column(time_col).combine_chunks() if time_col else pa.array(np.arange(table.num_rows))
     interactions = pa.table(
         {
-            "user_id": _as_string(table.column(user_col).combine_chunks(), path, user_col),
-            "item_id": _as_string(table.column(item_col).combine_chunks(), path, item_col),
-            "timestamp": _as_clock(times, path, time_col or "row"),
+            "user_id": _as_string(table.column(user_col).combine_chunks(), path, user_col, sep),
+            "item_id": _as_string(table.column(item_col).combine_chunks(), path, item_col, sep),
+            "timestamp": _as_clock(times, path, time_col or "row", sep),
         }
     )
     files = [path]
@@ -93,7 +93,7 @@ def _read_columns(path: Path, columns: list[str] | None, sep: str, ids: list[str
     """``columns`` (None: all) of a Parquet file or a CSV with a header; ``ids``: columns where an empty CSV
     field is an error (Parquet's nulls and empty strings are caught by `_as_string`)."""
     if not _is_parquet(path):  # a TSV has no quoting (IANA text/tab-separated-values): '"big" box' is that id
-        return read_delimited(path, sep=sep, header=True, quoted=sep != "\t", columns=columns, non_empty=ids or ())
+        return read_delimited(path, sep=sep, header=True, quoted=_quoted(sep), columns=columns, non_empty=ids or ())
     if not path.is_file():
         raise DataError(path, "no such file")
     if path.stat().st_size == 0:
@@ -119,18 +119,28 @@ def _is_parquet(path: Path) -> bool:
     return path.suffix.lower() in PARQUET_SUFFIXES
 
 
-def _at(path: Path, row: int, message: str) -> DataError:
-    """An error about data row ``row``: named by its line in a CSV, by its number in Parquet."""
+def _at(path: Path, row: int, message: str, sep: str) -> DataError:
+    """An error about data row ``row``: named by its line in a CSV (a quoted field may span lines), by its number
+    in Parquet."""
     if _is_parquet(path):
         return DataError(path, f"row {row + 1}: {message}")
-    return DataError(path, message, line=row_line(path, row, header=True))
+    return DataError(path, message, line=_line(path, row, sep))
 
 
-def _row_name(path: Path, row: int) -> str:
-    return f"row {row + 1}" if _is_parquet(path) else f"line {row_line(path, row, header=True)}"
+def _line(path: Path, row: int, sep: str) -> int:
+    return row_line(path, row, header=True, quoted=_quoted(sep), sep=sep)
 
 
-def _as_string(values: pa.Array, path: Path, column: str) -> pa.Array:
+def _quoted(sep: str) -> bool:
+    """Whether a delimited file's fields may be quoted: a CSV's, not a TSV's (IANA text/tab-separated-values)."""
+    return sep != "\t"
+
+
+def _row_name(path: Path, row: int, sep: str) -> str:
+    return f"row {row + 1}" if _is_parquet(path) else f"line {_line(path, row, sep)}"
+
+
+def _as_string(values: pa.Array, path: Path, column: str, sep: str) -> pa.Array:
     """Ids as strings; a null, NaN or empty id is an error."""
     try:
         text = values if pa.types.is_string(values.type) else values.cast(pa.string())
@@ -140,19 +150,19 @@ def _as_string(values: pa.Array, path: Path, column: str) -> pa.Array:
     empty = pc.or_kleene(pc.is_null(values, nan_is_null=True), pc.equal(text, "")).fill_null(True)
     if pc.any(empty).as_py():
         first, count = int(pc.index(empty, True).as_py()), pc.sum(empty).as_py()
-        raise _at(path, first, f"column {column!r} has {count} empty value{'' if count == 1 else 's'}")
+        raise _at(path, first, f"column {column!r} has {count} empty value{'' if count == 1 else 's'}", sep)
     return text
 
 
-def _as_clock(values: pa.Array, path: Path, column: str) -> pa.Array:
+def _as_clock(values: pa.Array, path: Path, column: str, sep: str) -> pa.Array:
     """Timestamps as int64 (or float64 when fractional), whatever the column held."""
     if values.null_count:
         first, count = int(pc.index(pc.is_null(values), True).as_py()), values.null_count
-        raise _at(path, first, f"column {column!r} has {count} empty value{'' if count == 1 else 's'}")
+        raise _at(path, first, f"column {column!r} has {count} empty value{'' if count == 1 else 's'}", sep)
     if pa.types.is_large_string(values.type) or pa.types.is_string_view(values.type):
         values = values.cast(pa.string())
     if pa.types.is_string(values.type):
-        values = _parse_time_strings(values, path, column)
+        values = _parse_time_strings(values, path, column, sep)
     if pa.types.is_timestamp(values.type) or pa.types.is_date(values.type):
         try:
             micros = values.cast(pa.timestamp("us"))
@@ -160,17 +170,17 @@ def _as_clock(values: pa.Array, path: Path, column: str) -> pa.Array:
             exact = values.cast(pa.timestamp("us"), safe=False).cast(values.type)
             row = int(pc.index(pc.not_equal(exact, values), True).as_py())
             raise _at(path, row, f"column {column!r} holds times finer than a microsecond, which seqrec's clock "
-                      "(seconds, to the microsecond) cannot order; round them to microseconds") from None
+                      "(seconds, to the microsecond) cannot order; round them to microseconds", sep) from None
         values = pa.array(micros.cast(pa.int64()).to_numpy() / 1e6)
     if pa.types.is_integer(values.type):
         if pa.types.is_uint64(values.type) and len(values) and pc.max(values).as_py() > 2**63 - 1:
             row = int(np.argmax(values.to_numpy(zero_copy_only=False) > np.uint64(2**63 - 1)))
-            raise _at(path, row, f"column {column!r} holds a timestamp above 2**63 - 1")
+            raise _at(path, row, f"column {column!r} holds a timestamp above 2**63 - 1", sep)
         return values.cast(pa.int64())
     if pa.types.is_floating(values.type):
         finite = np.isfinite(values.to_numpy(zero_copy_only=False))
         if not finite.all():
-            raise _at(path, int(np.argmin(finite)), f"column {column!r} holds non-finite timestamps")
+            raise _at(path, int(np.argmin(finite)), f"column {column!r} holds non-finite timestamps", sep)
         return int_if_integral(values)
     raise DataError(path, f"column {column!r} has type {values.type}, not a number or a date")
 
@@ -184,13 +194,14 @@ _ZONED = r"\d:\d\d(:\d\d(\.\d+)?)?\s*((?i:z)|[+-]\d\d(:?\d\d)?)\s*$"  # a time o
 _KINDS = ("numbers", "dates", "dates with a zone")
 
 
-def _parse_time_strings(values: pa.Array, path: Path, column: str) -> pa.Array:
+def _parse_time_strings(values: pa.Array, path: Path, column: str, sep: str) -> pa.Array:
     parsed = _cast_to_time(values)
     if parsed is not None:
         return parsed
     for row, value in enumerate(values.to_pylist()):
         if _cast_to_time(pa.array([value])) is None:
-            raise _at(path, row, f"column {column!r}: {value!r} is neither a number nor an ISO date")
+            raise _at(path, row, f"column {column!r}: {shown_value(str(value))} is neither a number nor an ISO date",
+                      sep)
     # Each value parses alone, so they are of different kinds.
     number = pc.match_substring_regex(values, _NUMBER).to_numpy(zero_copy_only=False)
     zoned = pc.match_substring_regex(values, _ZONED).to_numpy(zero_copy_only=False)
@@ -198,8 +209,8 @@ def _parse_time_strings(values: pa.Array, path: Path, column: str) -> pa.Array:
     other = int(np.argmax(kind != kind[0]))
     first, second = sorted((int(kind[0]), int(kind[other])))
     raise _at(path, other, f"column {column!r} mixes {_KINDS[first]} and {_KINDS[second]}: "
-              f"{values[other].as_py()!r} here, {values[0].as_py()!r} at {_row_name(path, 0)}; write every "
-              "timestamp the same way")
+              f"{shown_value(values[other].as_py())} here, {shown_value(values[0].as_py())} at "
+              f"{_row_name(path, 0, sep)}; write every timestamp the same way", sep)
 
 
 def _cast_to_time(values: pa.Array) -> pa.Array | None:
@@ -233,8 +244,9 @@ def _read_items(path: Path, item_col: str, sep: str) -> pa.Table:
         raise DataError(path, f"column {reserved[0]!r} is a name seqrec prepare keeps for its own items.parquet "
                         f"columns ({', '.join(RESERVED_ITEM_COLUMNS)}); rename it",
                         line=None if _is_parquet(path) else 1)
-    columns = {"item_id": _as_string(table.column(item_col).combine_chunks(), path, item_col)}
-    check_unique(columns["item_id"], path, "item_id", header=None if _is_parquet(path) else True)
+    columns = {"item_id": _as_string(table.column(item_col).combine_chunks(), path, item_col, sep)}
+    check_unique(columns["item_id"], path, "item_id", header=None if _is_parquet(path) else True,
+                 quoted=_quoted(sep), sep=sep)
     for name in table.column_names:
         if name == item_col:
             continue

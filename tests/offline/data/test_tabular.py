@@ -124,3 +124,16 @@ def test_an_empty_genre_is_no_genre(write):
     items = write("items.csv", "item_id,genres\na,\nb,Drama||War\n")
     raw = read_tabular(write("log.csv", "user_id,item_id,timestamp\n1,a,1\n1,b,2\n"), items_path=items)
     assert raw.items.column("genres").to_pylist() == [[], ["Drama", "War"]]  # [''] and ['Drama', '', 'War'] before
+
+
+def test_lines_are_counted_past_quoted_line_breaks_and_values_cut(write):
+    """A quoted field's line break counted as a row: the error named line 4 for the bad value on line 5; and a
+    2 MB timestamp made a 2 MB error line."""
+    path = write("log.csv", 'user_id,item_id,timestamp\n1,"two\nlines",1\n1,b,2\n1,c,later\n')
+    with pytest.raises(DataError, match="'later' is neither a number nor an ISO date") as info:
+        read_tabular(path)
+    assert info.value.line == 5
+    path = write("big.csv", "user_id,item_id,timestamp\n1,a," + "x" * 2_000_000 + "\n")
+    with pytest.raises(DataError) as info:
+        read_tabular(path)
+    assert len(str(info.value)) < 300
