@@ -137,10 +137,13 @@ def _uniform(n: int, n_items: int, device: torch.device, generator: torch.Genera
     return torch.randint(1, n_items + 1, (n,), device=device, generator=generator)
 
 
+BCE_NEEDS = ("loss bce draws each position's negative from the items other than its target: it needs a catalogue "
+             "of at least 2 items, this one has {n_items}")
+
+
 def _uniform_per_row(targets: Tensor, n_items: int, generator: torch.Generator | None) -> Tensor:
     if n_items < 2:  # no item but the positive to draw
-        raise RetrieverError(f"loss bce draws each position's negative from the items other than its target: it "
-                             f"needs a catalogue of at least 2 items, this one has {n_items}")
+        raise RetrieverError(BCE_NEEDS.format(n_items=n_items))
     # Draw from n_items - 1 ids and skip over the positive: uniform over the others, no rejection loop.
     draw = torch.randint(1, n_items, targets.shape, device=targets.device, generator=generator)
     return draw + (draw >= targets).long()

@@ -41,7 +41,7 @@ from retriever.checkpoint import (
 )
 from retriever.config import ConfigError, RunConfig
 from retriever.distributed import Distributed, data_parallel, from_main, mean_over_ranks, reseed, shard
-from retriever.losses import LossContext, compute_loss, item_log_prob
+from retriever.losses import BCE_NEEDS, LossContext, compute_loss, item_log_prob
 from retriever.model import Retriever
 from retriever.windows import batches, make_windows
 
@@ -215,6 +215,8 @@ def fit(
     windows = torch.from_numpy(make_windows(train_offsets, train_items, max_len, config.train.windows)).to(device)
     if len(windows) == 0:
         raise ConfigError("no training sequence has two or more items")
+    if config.loss.name == "bce" and n_items < 2:  # before run_dir exists (the loss itself would fail at step 1)
+        raise ConfigError(BCE_NEEDS.format(n_items=n_items))
     optimizer = make_optimizer(model, config)
     generator = torch.Generator(device=device).manual_seed(config.train.seed)
     ctx = LossContext(

@@ -269,6 +269,7 @@ def test_bce_over_a_one_item_catalogue_is_one_line(tmp_path: Path, capsys: pytes
     assert capsys.readouterr().err.strip().splitlines() == [
         "seqrec: error: loss bce draws each position's negative from the items other than its target: it needs a "
         "catalogue of at least 2 items, this one has 1"]  # an internal RuntimeError from torch's sampler before
+    assert not (tmp_path / "x").exists()  # refused before the run folder is made
 
 
 def test_evaluate_refuses_an_artifact_from_another_catalogue(artifact: Path, tmp_path: Path,
