@@ -193,7 +193,7 @@ def fit_mlp(config: MLPConfig, source: FeatureSource, train: Groups, valid: Grou
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     train = train.subset(np.flatnonzero(train.mined.label >= 0))
-    if len(train) == 0:  # `offline.jobs.rank.check_targets` names the cause where the groups are mined
+    if len(train) == 0:  # `check_targets` names the cause where the groups are mined
         raise SeqrecError("no ranker training group holds its target among its candidates")
     model = MLPRanker(config)
     # Input scaling from the inputs the network trains on: ID dropout included, so an ID-masked candidate's
@@ -272,7 +272,7 @@ def lgbm_matrix(source: FeatureSource, groups: Groups, batch_size: int = 1024) -
                                                                                          np.ndarray]:
     """Rows of groups that hold their positive: (x (rows, F), y (rows,), group sizes)."""
     keep = np.flatnonzero(groups.mined.label >= 0)
-    if len(keep) == 0:  # LightGBM cannot fit or validate without one; `offline.jobs.rank.check_targets` says why
+    if len(keep) == 0:  # LightGBM cannot fit or validate without one; `check_targets` says why
         raise SeqrecError("no LightGBM ranker group holds its target among its candidates")
     xs, ys, sizes = [], [], []
     label = groups.mined.label
@@ -304,3 +304,27 @@ def config_for(source: FeatureSource, dim: int, n_items: int, **overrides: Any) 
     base = MLPConfig(n_items=n_items, n_meta=tables.n_meta, n_year_buckets=int(tables.year_bucket.max()), dim=dim,
                      extra_features=source.extra_features)
     return replace(base, **overrides)
+
+
+def check_targets(groups: dict[str, Groups], sources: dict[str, np.ndarray], repeats: str, n_items: int) -> None:
+    """Refuse, naming the cause, training or validation groups none of which holds its target among its candidates
+    (a ranker learns from those groups only, and is validated on those): the target repeats a history item that the
+    bundle's repeats policy keeps out of the candidates, or the retriever did not return it at this depth."""
+    for name, role in (("train", "training"), ("valid", "validation")):
+        mined = groups[name].mined
+        if (mined.label >= 0).any():
+            continue
+        depth, n = mined.depth, len(mined)
+        if n == 0:
+            raise SeqrecError(f"the data gives no ranker {role} group (no user has a target after a history)")
+        items = sources[name]
+        seen = sum(int(t in items[s:e]) for s, e, t in zip(mined.start, mined.end, mined.target, strict=True))
+        stem = f"none of the {n} ranker {role} groups holds its target among its candidates"
+        excluded = "which the bundle's repeats: exclude keeps out of the candidates"
+        if repeats == "exclude" and seen == n:
+            raise SeqrecError(f"{stem}: every target repeats an item of its user's history, {excluded}; a ranker "
+                              "has nothing to learn (a retriever trained with train.repeats allow ranks repeats)")
+        deeper = f"raise --depth (now {depth})" if depth < n_items else f"--depth {depth} already covers the catalogue"
+        if repeats == "exclude" and seen:
+            deeper += f"; {seen} of the targets repeat an item of their user's history, {excluded}"
+        raise SeqrecError(f"{stem}: the retriever returned none of them; {deeper}")

@@ -17,8 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import resource
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +41,7 @@ from retriever.config import ConfigError, RunConfig
 from retriever.distributed import Distributed, data_parallel, from_main, mean_over_ranks, reseed, shard
 from retriever.losses import BCE_NEEDS, LossContext, compute_loss, item_log_prob
 from retriever.model import Retriever
+from retriever.train_log import NoWriter, log_epoch, peak_memory_mb, tensorboard
 from retriever.windows import batches, make_windows
 
 log = logging.getLogger(__name__)
@@ -245,7 +244,7 @@ def _fit_locked(run: TrainingRun, windows: Tensor, validate: Validate, resume: b
     steps_per_epoch = -(-len(windows) // config.train.batch_size)
     total_steps = steps_per_epoch * config.train.epochs
     device = windows.device
-    writer = _tensorboard(run_dir) if run.main else _NoWriter()
+    writer = tensorboard(run_dir) if run.main else NoWriter()
     log.info("training %s on %d windows (%d steps/epoch) on %s", config.model.backbone, len(windows),
              steps_per_epoch, device)
     started = time.perf_counter() - state.seconds
@@ -262,7 +261,7 @@ def _fit_locked(run: TrainingRun, windows: Tensor, validate: Validate, resume: b
                 state.observe(epoch, metrics[SELECTION_METRIC], model, run_dir, time.perf_counter() - started)
             state.seconds = time.perf_counter() - started
             state.history.append(record)
-            _log_epoch(writer, record, device)
+            log_epoch(writer, record, device)
         if config.train.schedule == "wsd" and state.decay_start is None:
             plateau = run.main and state.bad_evals >= config.train.decay_patience
             if plateau if run.dist is None else from_main(plateau):
@@ -362,46 +361,5 @@ def run_epoch(
     return {
         "epoch": epoch, "step": state.step, "loss": float(np.mean(losses)), "lr": lr,
         "epoch_seconds": round(seconds, 3), "sequences_per_second": round(n_sequences / seconds, 1),
-        "peak_memory_mb": _peak_memory_mb(windows.device),
+        "peak_memory_mb": peak_memory_mb(windows.device),
     }
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
-    return round(rss_kb / (2**20 if sys.platform == "darwin" else 2**10), 1)
-
-
-def _log_epoch(writer: Any, record: dict[str, Any], device: torch.device) -> None:
-    epoch = record["epoch"]
-    for key in ("loss", "epoch_seconds", "sequences_per_second", "peak_memory_mb"):
-        writer.add_scalar(f"epoch/{key}", record[key], epoch)
-    for name, value in record.get("valid", {}).items():
-        writer.add_scalar(f"valid/{name}", value, epoch)
-    if device.type == "cuda":
-        with contextlib.suppress(RuntimeError, ModuleNotFoundError):  # needs pynvml; not worth failing a run over
-            writer.add_scalar("epoch/gpu_utilization", torch.cuda.utilization(device), epoch)
-    writer.flush()
-    valid = record.get("valid", {})
-    log.info("epoch %d loss %.4f %s %.4f %.0f seq/s %.1fs", epoch, record["loss"], SELECTION_METRIC,
-             valid.get(SELECTION_METRIC, float("nan")), record["sequences_per_second"], record["epoch_seconds"])
-
-
-class _NoWriter:
-    """The TensorBoard writer of ranks other than 0, which write nothing."""
-
-    def add_scalar(self, *args: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _tensorboard(run_dir: Path) -> Any:
-    from torch.utils.tensorboard import SummaryWriter  # slow import; only when training
-
-    return SummaryWriter(log_dir=str(run_dir / "tb"))

@@ -39,6 +39,7 @@ from ranker.train import (
     Groups,
     RankerDiverged,
     UnrankableScores,
+    check_targets,
     config_for,
     fit_lgbm_ranker,
     fit_mlp_ensemble,
@@ -253,30 +254,6 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     }
     return write_ranker(bundle, ranker, item_tables(data, data.split()), retriever_manifest=artifact.manifest,
                         metrics=metrics, extra=extra, cooc=cooc, times=times, extra_features=config.features)
-
-
-def check_targets(groups: dict[str, Groups], sources: dict[str, np.ndarray], repeats: str, n_items: int) -> None:
-    """Refuse, naming the cause, training or validation groups none of which holds its target among its candidates
-    (a ranker learns from those groups only, and is validated on those): the target repeats a history item that the
-    bundle's repeats policy keeps out of the candidates, or the retriever did not return it at this depth."""
-    for name, role in (("train", "training"), ("valid", "validation")):
-        mined = groups[name].mined
-        if (mined.label >= 0).any():
-            continue
-        depth, n = mined.depth, len(mined)
-        if n == 0:
-            raise SeqrecError(f"the data gives no ranker {role} group (no user has a target after a history)")
-        items = sources[name]
-        seen = sum(int(t in items[s:e]) for s, e, t in zip(mined.start, mined.end, mined.target, strict=True))
-        stem = f"none of the {n} ranker {role} groups holds its target among its candidates"
-        excluded = "which the bundle's repeats: exclude keeps out of the candidates"
-        if repeats == "exclude" and seen == n:
-            raise SeqrecError(f"{stem}: every target repeats an item of its user's history, {excluded}; a ranker "
-                              "has nothing to learn (a retriever trained with train.repeats allow ranks repeats)")
-        deeper = f"raise --depth (now {depth})" if depth < n_items else f"--depth {depth} already covers the catalogue"
-        if repeats == "exclude" and seen:
-            deeper += f"; {seen} of the targets repeat an item of their user's history, {excluded}"
-        raise SeqrecError(f"{stem}: the retriever returned none of them; {deeper}")
 
 
 def _selection_ndcg(name: str, scorer: Any, source: FeatureSource, valid: Groups, n_items: int) -> float:

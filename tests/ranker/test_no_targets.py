@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from offline.cli import main
-from offline.jobs.rank import check_targets
 from ranker.mining import Mined
-from ranker.train import Groups
+from ranker.train import Groups, check_targets
 from retriever.errors import SeqrecError
 from tests.tiny import TINY
 

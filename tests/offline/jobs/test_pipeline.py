@@ -307,7 +307,7 @@ def test_an_old_pipeline_record_loads_and_writes_back_byte_for_byte() -> None:
 
 def test_the_reader_options_a_pipeline_takes_are_the_readers_own() -> None:
     from offline.data.readers import ReaderOptions
-    from offline.jobs.pipeline import READER_OPTIONS
+    from offline.jobs.pipeline_config import READER_OPTIONS
 
     fields = {f.name: f.type for f in dataclasses.fields(ReaderOptions)}
     assert list(READER_OPTIONS) == [name for name in fields if name not in ("path", "synthetic")]

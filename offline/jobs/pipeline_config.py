@@ -1,0 +1,134 @@
+"""A `seqrec pipeline` config (the YAML file `load_pipeline_config` reads): what data, which retriever config and
+overrides, an optional search (`tune:`), the index, the ranker, how many versions to keep; checked when it loads,
+before any stage runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from offline.data.readers import check_dataset
+from offline.tune.section import TuneSection
+from ranker.config import RankerSection
+from retriever.config import read_yaml
+from retriever.errors import SeqrecError, validation_message
+
+# The reader options a pipeline's `data.reader` may set (`ReaderOptions`' fields), and whether each may be null.
+READER_OPTIONS = {"user_col": False, "item_col": False, "time_col": True, "sep": False, "items_path": True}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataSpec(_Strict):
+    dataset: str = Field(description="reader name, as `seqrec prepare --dataset`")
+    path: Path | None = Field(None, description="source files (relative to the config file)")
+    download: bool = Field(False, description="MovieLens: fetch from GroupLens, verify the MD5")
+    min_user_interactions: int = 3
+    k_core: int | None = None
+    min_rating: float | None = None
+    synthetic: dict[str, Any] = Field(default_factory=dict, description="n_users, n_items, mean_length, seed")
+    reader: dict[str, Any] = Field(default_factory=dict, description="csv options: user_col, item_col, ...")
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_reader(cls, name: str) -> str:  # at load, not at the prepare stage
+        try:
+            check_dataset(name)
+        except SeqrecError as err:
+            raise ValueError(str(err)) from None
+        return name
+
+    @field_validator("reader")
+    @classmethod
+    def _reader_options(cls, reader: dict[str, Any]) -> dict[str, Any]:  # were internal errors at the prepare stage
+        unknown = sorted(set(reader) - set(READER_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option {unknown[0]!r}; a reader takes {', '.join(READER_OPTIONS)}")
+        for key, value in reader.items():
+            if not isinstance(value, str) and not (value is None and READER_OPTIONS[key]):
+                raise ValueError(f"{key} must be {'a string or null' if READER_OPTIONS[key] else 'a string'}, "
+                                 f"got {value!r}")
+        if "sep" in reader:
+            from offline.data.readers.tabular import check_sep
+
+            try:
+                check_sep(reader["sep"])
+            except SeqrecError as err:
+                raise ValueError(str(err).replace("--sep", "sep")) from None
+        return reader
+
+    @field_validator("synthetic")
+    @classmethod
+    def _synthetic_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        from offline.data.readers.synthetic import SyntheticConfig
+
+        known = [f.name for f in dataclasses.fields(SyntheticConfig)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"unknown option {unknown[0]!r}; the synthetic data takes {', '.join(known)}")
+        try:
+            SyntheticConfig(**options)
+        except (TypeError, ValueError) as err:
+            raise ValueError(str(err)) from None
+        return options
+
+
+class PipelineConfig(_Strict):
+    name: str = Field(description="names the published versions")
+    data: DataSpec
+    retriever: Path | None = Field(None, description="run config YAML of the retriever (relative to this file); "
+                                   "none: retriever/config.py's defaults (with `tune:`, where the search starts)")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="section.key: value for the retriever")
+    tune: TuneSection | None = Field(None, description="search the retriever config first (`seqrec tune`)")
+    index: Literal["auto", "flat", "hnsw", "ivf"] = "auto"
+    ranker: RankerSection = Field(default_factory=RankerSection)
+    keep: int = Field(3, ge=1, description="published versions to keep")
+    warm_start: bool = Field(False, description="train from the served bundle's weights (`seqrec train --init-from`)")
+    warm_start_overrides: dict[str, Any] = Field(default_factory=dict,
+                                                 description="section.key: value added when warm-starting")
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, name: str) -> str:  # it names the run's work folder: no separators, no `..`
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ValueError(f"{name!r} names folders: use letters, digits, '.', '_' and '-', starting with a "
+                             "letter or digit")
+        return name
+
+
+def load_pipeline_config(path: Path) -> PipelineConfig:
+    raw = read_yaml(path, "pipeline config")
+    try:
+        config = PipelineConfig.model_validate(raw)
+    except ValidationError as err:
+        raise SeqrecError(f"{path}: {validation_message(err)}") from None
+    base = Path(path).resolve().parent
+    updates: dict[str, Any] = {} if config.retriever is None else {"retriever": _relative(base, config.retriever)}
+    if config.retriever is not None and not updates["retriever"].is_file():  # now, not after the prepare stage
+        raise SeqrecError(f"{path}: retriever: no such file {updates['retriever']}")
+    data = config.data
+    if data.path is not None:
+        updates["data"] = data.model_copy(update={"path": _relative(base, data.path)})
+    return config.model_copy(update=updates)
+
+
+def _relative(base: Path, path: Path) -> Path:
+    path = Path(os.path.expanduser(path))
+    if path.is_absolute():
+        return path
+    from_file = base / path
+    return from_file if from_file.exists() or not path.exists() else path.resolve()  # else: relative to the CWD
+
+
+def override_strings(overrides: dict[str, Any]) -> list[str]:
+    """A config's ``section.key: value`` overrides as the command line's ``section.key=value``, each value as
+    YAML reads it back: None as null (its str(), "None", was read as a string: a column named None)."""
+    return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
