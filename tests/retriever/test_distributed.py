@@ -68,7 +68,8 @@ def test_torchrun_two_processes_train_one_model_like_one_process(cycle_data: Pat
     summary = json.loads(done.stdout)
     assert summary["artifact"] == str(two)
     assert len(list((two / "run" / "tb").iterdir())) == 1
-    assert sorted(p.name for p in (two / "run").iterdir()) == [".lock", "best.pt", "history.jsonl", "last.pt", "tb"]
+    run_files = [".lock", "best.pt", "data.json", "history.jsonl", "last.pt", "tb"]
+    assert sorted(p.name for p in (two / "run").iterdir()) == run_files
     manifest = read_manifest(two)
     assert manifest.training is not None
     assert manifest.training["epochs_run"] == 4

@@ -103,7 +103,7 @@ def test_tiny_run_writes_every_curve(tmp_path: Path, capsys: pytest.CaptureFixtu
     (["--rate", "-5"], "--rate"),
     (["--min-len", "60", "--max-len", "50"], "--min-len"),
     (["--catalogues", "30"], "--max-len"),
-    (["--train-items", "5"], "--train-items"),
+    (["--train-items", "1"], "--train-items"),  # a synthetic catalogue needs 2 items
     (["--set", "train.lr=-1"], "lr"),
 ])
 def test_bad_options_fail_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str],
