@@ -25,7 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -170,12 +170,14 @@ def _write_optional(out: Path, n_items: int, history: list[dict[str, Any]] | Non
     return files
 
 
-def rewrite_index(path: Path, spec: IndexSpec) -> RetrieverManifest:
+def rewrite_index(path: Path, spec: IndexSpec,
+                  swap: Callable[[Path, Path], None] = replace_dir) -> RetrieverManifest:
     """Rebuild items.faiss with another index spec, (re)compile the encoder and update the manifest.
 
     The folder is rewritten as a staged copy that replaces it with renames (`replace_dir`): in place, a reader (a
     server reloading a published version) or a crash between the files and the manifest met new files under old
-    checksums. Through a symlink (ARTIFACTS/current) the folder it names is replaced and the link kept."""
+    checksums. Through a symlink (ARTIFACTS/current) the folder it names is replaced and the link kept. ``swap``
+    replaces the folder by the staged copy (default `replace_dir`)."""
     path = Path(path).resolve()
     artifact = load_artifact(path, with_index=False)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -192,7 +194,7 @@ def rewrite_index(path: Path, spec: IndexSpec) -> RetrieverManifest:
                             **({ENCODER_FILE: sha256_file(staging / ENCODER_FILE)}
                                if compiled["encoder"] == "onnx" else {})}
         manifest = _write_manifest(staging, fields)
-        replace_dir(staging, path)
+        swap(staging, path)  # `seqrec export` brings over what a server wrote meanwhile (its catalogue journal)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

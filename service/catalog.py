@@ -25,6 +25,8 @@ import fcntl
 import functools
 import json
 import math
+import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ranker.artifact import unit_item_vectors
 from ranker.features import TorchTables
 from retriever.artifact import CATALOGUE, item_matrix
-from retriever.atomic import atomic_write
+from retriever.atomic import atomic_write, replace_dir
 from retriever.features import feature_rows, feature_vocabulary
 from service.bundle import Bundle, BundleError, Inference, load_bundle
 
@@ -81,10 +83,32 @@ def write_journal(bundle_path: Path, changes: CatalogChanges) -> None:
 @contextmanager
 def journal_lock(bundle_path: Path) -> Iterator[None]:
     """Hold ``BUNDLE/.catalogue_changes.lock`` (flock, waiting for it): one catalogue change at a time across the
-    service's worker processes, each read from the journal on disk and written back whole."""
-    with (bundle_path / LOCK).open("a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+    service's worker processes, each read from the journal on disk and written back whole. A lock file replaced
+    while waiting (`seqrec export` swaps the whole folder) is opened again, so every holder locks the same file."""
+    while True:
+        with (bundle_path / LOCK).open("a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                current = os.stat(bundle_path / LOCK).st_ino
+            except FileNotFoundError:
+                continue
+            if current != os.fstat(handle.fileno()).st_ino:
+                continue
+            yield
+            return
+
+
+def keeping_catalogue_changes(staging: Path, bundle_path: Path) -> None:
+    """Replace ``bundle_path`` by its staged copy ``staging`` (`retriever.atomic.replace_dir`) under the journal
+    lock, with the journal as it is then: a catalogue change a server made while the copy was built (an export's
+    seconds) was lost, and a retired item recommended again."""
+    with journal_lock(bundle_path):
+        journal = bundle_path / JOURNAL
+        if journal.exists():
+            shutil.copyfile(journal, staging / JOURNAL)
+        else:
+            (staging / JOURNAL).unlink(missing_ok=True)
+        replace_dir(staging, bundle_path)
 
 
 def synced(bundle: Bundle) -> Bundle:

@@ -118,6 +118,7 @@ def _export(args: argparse.Namespace) -> int:
 
     from retriever.artifact import ArtifactError, read_manifest, rewrite_index
     from retriever.index import IndexSpec, spec_for_catalogue
+    from service.catalog import keeping_catalogue_changes
 
     if args.index == "auto":
         try:
@@ -129,7 +130,7 @@ def _export(args: argparse.Namespace) -> int:
         spec = IndexSpec(kind=args.index, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
                          ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
                          gpu_shard=args.gpu_shard)
-    manifest = rewrite_index(args.artifact, spec)
+    manifest = rewrite_index(args.artifact, spec, swap=keeping_catalogue_changes)
     print(f"exported {manifest.n_items:,} items ({spec.kind}) -> {args.artifact / 'items.faiss'}")
     return 0
 

@@ -201,3 +201,24 @@ def test_a_new_item_vector_is_its_feature_mean_and_the_index_finds_it(served_cop
     (served_copy / JOURNAL).write_text(changes.model_dump_json())
     again = load_served(served_copy)
     assert np.array_equal(again.vectors.numpy(), bundle.vectors.numpy())
+
+
+def test_an_export_keeps_the_catalogue_changes_a_server_makes_meanwhile(served_copy: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`seqrec export` copied the bundle, built the index for seconds, then swapped the copy in: retirements a
+    server journaled in between were lost (acknowledged, then recommended again after the reload)."""
+    from retriever import artifact
+    from service.catalog import journal_lock, read_journal, write_journal
+
+    write_journal(served_copy, CatalogChanges(retired=["i1"]))
+    build = artifact.build_index
+
+    def retire_while_building(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with journal_lock(served_copy):  # as a server's DELETE /admin/items/i2 does, mid-export
+            write_journal(served_copy, CatalogChanges(retired=["i1", "i2"]))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(artifact, "build_index", retire_while_building)
+    assert seqrec(["export", "--artifact", str(served_copy), "--index", "flat", "-q"]) == 0
+    assert read_journal(served_copy).retired == ["i1", "i2"]
+    assert load_served(served_copy).retired == {load_served(served_copy).index_of[i] for i in ("i1", "i2")}
