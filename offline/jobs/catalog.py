@@ -3,23 +3,27 @@
 * ``take_added_items``: after ``prepare``, the items added through ``POST /admin/items`` since the served
   bundle was published join the prepared catalogue (items.parquet, with their columns), so the next
   training gives them item rows (and interactions, when the source data has some by then).
-* ``carry_retired``: before ``publish``, the retired ids go into the new bundle's journal, so what was
-  retired stays out of what is served.
+* ``carry_changes``: before ``publish``, the retired ids, and the items added while the run trained, go into the
+  new bundle's journal, so what was retired stays out of what is served and nothing added is lost.
 * ``served_bundle``: the bundle ``ARTIFACTS/current`` names, for ``warm_start``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from offline.data.prepare import _write_atomically
 from offline.data.prepared import ITEMS, SEQUENCES, USERS, load_prepared
 from offline.jobs.versions import CURRENT
+from retriever.artifact import CATALOGUE, ITEM_IDS
 from service.catalog import CatalogChanges, read_journal, write_journal
 
 log = logging.getLogger(__name__)
@@ -36,13 +40,22 @@ def served_changes(artifacts: Path) -> CatalogChanges:
 
 
 def take_added_items(artifacts: Path, data_dir: Path) -> dict[str, Any]:
-    """Append the served bundle's added items that the prepared folder lacks to its items.parquet."""
-    changes = served_changes(artifacts)
-    if not changes.added:
+    """Append to the prepared items.parquet the items added through ``POST /admin/items`` that it lacks: those
+    the served bundle's journal holds, and those an earlier run took in (``admin_items`` of the served bundle's
+    pipeline.json, with their catalogue rows), less retired ones. Returns the stage's record, ``admin_items``
+    naming every such item the new bundle holds: the source data never has them, so without it an added item
+    was gone after its second retraining."""
+    served = served_bundle(artifacts)
+    if served is None:
+        return {}
+    changes = read_journal(served)
+    offered = {str(row["item_id"]): row for row in [*_admin_items(served), *changes.added]}
+    if not offered:
         return {}
     data = load_prepared(data_dir)
     known = set(data.items.column("item_id").to_pylist())
-    rows = [item for item in changes.added if str(item["item_id"]) not in known]
+    retired = set(changes.retired)
+    rows = [row for item_id, row in offered.items() if item_id not in known and item_id not in retired]
     if not rows:
         return {"added_items": 0}
     items = data.items
@@ -57,16 +70,32 @@ def take_added_items(artifacts: Path, data_dir: Path) -> dict[str, Any]:
                 "added_items": [str(row["item_id"]) for row in rows]}
     _write_atomically(data_dir, {SEQUENCES: sequences, ITEMS: items, USERS: users}, manifest)
     log.info("%d items added through POST /admin/items join the catalogue", len(rows))
-    return {"added_items": len(rows)}
+    return {"added_items": len(rows), "admin_items": [str(row["item_id"]) for row in rows]}
 
 
-def carry_retired(artifacts: Path, bundle: Path) -> dict[str, Any]:
-    """Write the served bundle's retired ids into ``bundle``'s journal (nothing when there are none)."""
-    retired = served_changes(artifacts).retired
-    if not retired:
+def _admin_items(served: Path) -> list[dict[str, Any]]:
+    """The catalogue rows of the items the served bundle took in from ``POST /admin/items`` (none for a bundle
+    published before pipeline.json named them)."""
+    record = served / "pipeline.json"
+    ids = json.loads(record.read_text()).get("stages", {}).get("prepare", {}).get("admin_items", []) \
+        if record.is_file() else []
+    if not ids or not (served / CATALOGUE).is_file():
+        return []
+    catalogue = pq.read_table(served / CATALOGUE)
+    rows = catalogue.filter(pc.is_in(catalogue.column("item_id"), value_set=pa.array(ids, pa.string())))
+    return [{k: v for k, v in row.items() if k != "item_idx"} for row in rows.to_pylist()]
+
+
+def carry_changes(artifacts: Path, bundle: Path) -> dict[str, Any]:
+    """Write into ``bundle``'s journal, as they are at publish time, the served bundle's retired ids and the added
+    items ``bundle`` lacks (added while this run trained: they were lost at the publish). Nothing when neither."""
+    changes = served_changes(artifacts)
+    trained = set(np.load(bundle / ITEM_IDS, allow_pickle=False).tolist())
+    pending = [item for item in changes.added if str(item["item_id"]) not in trained]
+    if not changes.retired and not pending:
         return {}
-    write_journal(bundle, CatalogChanges(retired=list(retired)))
-    return {"retired_items": len(retired)}
+    write_journal(bundle, CatalogChanges(added=pending, retired=list(changes.retired)))
+    return {"retired_items": len(changes.retired), "pending_items": len(pending)}
 
 
 def _cell(row: dict[str, Any], column: str) -> Any:

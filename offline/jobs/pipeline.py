@@ -303,7 +303,7 @@ def _evaluate(run: Run, config: PipelineConfig, threads: int | None) -> dict[str
 
 def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any]:
     """Move the bundle into versions/ (one rename), then rename a new symlink over `current`."""
-    from offline.jobs.catalog import carry_retired
+    from offline.jobs.catalog import carry_changes
 
     version = str(run.state.stages["train"].info["version"])
     versions = artifacts / VERSIONS
@@ -314,7 +314,7 @@ def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any
         record = PublishRecord(config=run.state.config, stages=run.state.stages,
                                published_at=datetime.now(UTC).isoformat(timespec="seconds"))
         _write_json(run.bundle / "pipeline.json", record)
-        carry_retired(artifacts, run.bundle)
+        carry_changes(artifacts, run.bundle)
         keep_report(run.folder / "tune", run.bundle)  # the search's report, when the config has `tune:`
         sync_tree(run.bundle)  # every file on disk before the rename publishes it
         os.replace(run.bundle, target)

@@ -162,3 +162,53 @@ def test_pipeline_takes_catalogue_changes_into_the_next_training_and_warm_starts
     assert read_journal(second).added == []
     assert served.index_of["i1"] in served.retired
     assert (second / JOURNAL).is_file()
+
+
+def test_added_items_stay_through_every_retraining_and_one_added_mid_run_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An item added through POST /admin/items was trained by the next run and gone after the one after (the
+    source data never has it); one added while a run trained was lost when that run published."""
+    import yaml
+
+    import offline.jobs.pipeline as pipeline
+    from service.catalog import CatalogChanges, load_served, pending, read_journal, write_journal
+
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
+        "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10},
+        "train": {"epochs": 1, "batch_size": 64, "seed": 3, "threads": 1}}))
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "tiny", "retriever": "tiny.yaml", "ranker": {"kind": "none"},
+        "data": {"dataset": "synthetic", "synthetic": {"n_users": 150, "n_items": 60, "mean_length": 12, "seed": 1}}}))
+    artifacts = tmp_path / "artifacts"
+    run = ["pipeline", "--config", str(config), "--out", str(artifacts), "-q"]
+    assert main(run) == 0
+    write_journal((artifacts / "current").resolve(),
+                  CatalogChanges(added=[{"item_id": "brand-new", "title": "New", "genres": ["Comedy"]}]))
+    assert main(run) == 0  # trains brand-new
+    train = pipeline._train
+
+    def add_while_training(*args, **kwargs):  # type: ignore[no-untyped-def]
+        served = (artifacts / "current").resolve()
+        write_journal(served, CatalogChanges(added=[{"item_id": "late", "title": "Late", "genres": ["Drama"]}],
+                                             retired=["i2"]))
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_train", add_while_training)
+    assert main(run) == 0
+    third = (artifacts / "current").resolve()
+    served = load_served(third)
+    assert "brand-new" in served.index_of  # trained again: the source data never has it
+    assert served.index_of["brand-new"] <= load_artifact(third, with_index=False).n_items
+    assert json.loads((third / "pipeline.json").read_text())["stages"]["prepare"]["admin_items"] == ["brand-new"]
+    assert read_journal(third).added_ids == ["late"]  # still pending (an ID-only model has no vector for it yet)
+    assert pending(served) == ["late"]
+    assert served.retired == {served.index_of["i2"]}
+    monkeypatch.setattr(pipeline, "_train", train)
+    assert main(run) == 0
+    fourth = load_served((artifacts / "current").resolve())
+    assert {"brand-new", "late"} <= set(fourth.index_of)
+    assert sorted(json.loads((fourth.path / "pipeline.json").read_text())["stages"]["prepare"]["admin_items"]) == [
+        "brand-new", "late"]
+    assert read_journal(fourth.path).added == []
+    assert fourth.retired == {fourth.index_of["i2"]}
