@@ -18,7 +18,7 @@ from offline.jobs.rank import bundle_source, split_sources, unit_user_vectors
 from offline.jobs.tables import has_clock, request_times
 from offline.jobs.train import repeat_record
 from ranker.artifact import RankerArtifact, load_ranker
-from ranker.config import MAX_DEPTH, MIN_DEPTH, ranker_default
+from ranker.config import MAX_DEPTH, ranker_default
 from ranker.mining import Encoder, mine
 from ranker.train import (
     FeatureSource,
@@ -108,9 +108,7 @@ def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) 
     if stage == "two-stage" and ranker_artifact is None:
         raise SeqrecError(f"{bundle} holds no ranker; train one with `seqrec train-ranker` or use --stage retriever")
     depth = depth or (ranker_artifact.depth if ranker_artifact else ranker_default("depth"))
-    if depth < MIN_DEPTH:
-        raise SeqrecError(f"--candidates must be at least {MIN_DEPTH} (the metrics' cut-off), got {depth}")
-    if depth > MAX_DEPTH:
+    if depth > MAX_DEPTH:  # below, any depth a request may ask for (cut-offs above it are left out, with a warning)
         raise SeqrecError(f"--candidates must be at most {MAX_DEPTH} (the most a request's `candidates` may be), "
                           f"got {depth}")
     # What the service computes with its default SEQREC_INFERENCE=auto: the compiled encoder, the MLP ranker

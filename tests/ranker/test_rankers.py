@@ -496,3 +496,7 @@ def test_depths_and_cut_offs_beyond_what_is_served_are_one_line(bundle: Path, pr
     assert "--ks: 50 left out, above the 20 candidates the list ranks; --candidates 50" in caplog.text
     assert main([*evaluate, "--ks", "10,50", "--candidates", "50"]) == 0
     assert "NDCG@50" in json.loads(capsys.readouterr().out)["test"]
+    # fewer candidates than 10 is a request the service takes (1..2000): it was refused, whatever --ks said
+    assert main([*evaluate, "--ks", "1,5", "--candidates", "5"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["test"]) == {f"{m}@{k}" for m in ("HR", "NDCG", "MRR", "Recall")
+                                                                  for k in (1, 5)}
