@@ -100,17 +100,22 @@ def add_export_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--artifact", type=Path, required=True, help="retriever artifact folder")
     p.add_argument("--index", choices=["flat", "hnsw", "ivf", "auto"], default="flat",
-                   help="auto: exact up to 200,000 items, else HNSW with the measured defaults (docs/SCALE.md); "
-                   "the other options below then apply only when given")
-    p.add_argument("--hnsw-m", type=int, default=32, help="HNSW links per node")
-    p.add_argument("--ef-construction", type=int, default=200)
-    p.add_argument("--ef-search", type=int, default=128)
-    p.add_argument("--nlist", type=int, default=None, help="IVF lists (default about 4*sqrt(n_items))")
-    p.add_argument("--nprobe", type=int, default=32, help="IVF lists searched per query")
-    p.add_argument("--pq-m", type=int, default=None, help="IVF-PQ sub-quantizers (default: IVF-Flat)")
+                   help="auto: exact up to 200,000 items, else HNSW with the measured defaults (docs/SCALE.md), "
+                   "which the HNSW options below replace when given; an option of another kind is refused")
+    p.add_argument("--hnsw-m", type=int, help="HNSW links per node (default 32)")
+    p.add_argument("--ef-construction", type=int, help="HNSW (default 200)")
+    p.add_argument("--ef-search", type=int, help="HNSW (default 128)")
+    p.add_argument("--nlist", type=int, help="IVF lists (default about 4*sqrt(n_items))")
+    p.add_argument("--nprobe", type=int, help="IVF lists searched per query (default 32)")
+    p.add_argument("--pq-m", type=int, help="IVF-PQ sub-quantizers (default: IVF-Flat)")
     p.add_argument("--gpu-shard", action="store_true",
                    help="on several GPUs, split the index across them instead of a full copy on each")
     p.set_defaults(handler=_export)
+
+
+# Each index kind's own options (their defaults: `retriever.index.IndexSpec`'s).
+INDEX_OPTIONS: dict[str, tuple[str, ...]] = {"hnsw": ("hnsw_m", "ef_construction", "ef_search"),
+                                             "ivf": ("nlist", "nprobe", "pq_m")}
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -120,16 +125,23 @@ def _export(args: argparse.Namespace) -> int:
     from retriever.index import IndexSpec, spec_for_catalogue
     from service.catalog import keeping_catalogue_changes
 
+    given = {name: value for name in (*INDEX_OPTIONS["hnsw"], *INDEX_OPTIONS["ivf"])
+             if (value := getattr(args, name)) is not None}
     if args.index == "auto":
         try:
             n_items = read_manifest(args.artifact).n_items
         except ArtifactError:
             raise SeqrecError(f"{args.artifact} has no readable manifest.json with n_items") from None
-        spec = replace(spec_for_catalogue(n_items), gpu_shard=args.gpu_shard)
+        spec, picked = spec_for_catalogue(n_items), f" (what --index auto picks for {n_items:,} items)"
     else:
-        spec = IndexSpec(kind=args.index, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
-                         ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe, pq_m=args.pq_m,
-                         gpu_shard=args.gpu_shard)
+        spec, picked = IndexSpec(kind=args.index), ""
+    # an option of another kind of index was written into the manifest beside it ({'kind': 'flat', 'pq_m': 4})
+    wrong = [name for name in given if name not in INDEX_OPTIONS.get(spec.kind, ())]
+    if wrong:
+        owner = "hnsw" if wrong[0] in INDEX_OPTIONS["hnsw"] else "ivf"
+        raise SeqrecError(f"--{wrong[0].replace('_', '-')} applies to --index {owner}, not to --index {spec.kind}"
+                          f"{picked}")
+    spec = replace(spec, **given, gpu_shard=args.gpu_shard)
     manifest = rewrite_index(args.artifact, spec, swap=keeping_catalogue_changes)
     print(f"exported {manifest.n_items:,} items ({spec.kind}) -> {args.artifact / 'items.faiss'}")
     return 0

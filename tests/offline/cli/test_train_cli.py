@@ -141,6 +141,12 @@ def test_export_through_current_replaces_the_version_folder_whole(artifact: Path
     (["--index", "ivf", "--nprobe", "0"], "index option nprobe must be >= 1, got 0"),
     (["--index", "ivf", "--nlist", "1000"], "nlist=1000 needs at least as many training vectors"),
     (["--index", "ivf", "--nlist", "4", "--pq-m", "5"], "pq_m=5 must divide the vector dimension d=16"),
+    # an option of another kind was written into the manifest beside it ({'kind': 'flat', 'pq_m': 4}), exit 0
+    (["--index", "flat", "--pq-m", "4"], "--pq-m applies to --index ivf, not to --index flat"),
+    (["--index", "hnsw", "--nlist", "4"], "--nlist applies to --index ivf, not to --index hnsw"),
+    (["--index", "ivf", "--ef-search", "64"], "--ef-search applies to --index hnsw, not to --index ivf"),
+    (["--index", "auto", "--hnsw-m", "8"], "--hnsw-m applies to --index hnsw, not to --index flat (what --index auto "
+     "picks for "),  # it was dropped without a word
 ])
 def test_export_options_the_catalogue_cannot_take_are_one_line(artifact: Path, tmp_path: Path, options: list[str],
                                                                message: str, capsys: pytest.CaptureFixture) -> None:
