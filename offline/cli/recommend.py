@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ def _recommend(args: argparse.Namespace) -> int:
     _check_numbers(args)
     from offline.data.prepared import load_prepared
     from offline.jobs.recommend import BatchJob, parse_shard, run_batch, select_users
-    from service.bundle import load_bundle, resolve_bundle
+    from service.bundle import resolve_bundle
+    from service.catalog import load_served
     from service.engine import set_threads as set_inference_threads
     from service.filters import eligible
 
@@ -53,7 +55,8 @@ def _recommend(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     if args.threads is not None:
         set_inference_threads(args.threads)
-    bundle = load_bundle(resolve_bundle(args.artifact))
+    _check_writable(args.out)
+    bundle = load_served(resolve_bundle(args.artifact))  # with its catalogue journal, as the service serves it
     if args.stage == "two-stage" and bundle.ranker is None:
         raise SeqrecError(f"--stage two-stage: {args.artifact} has no ranker")
     allowed, unknown = eligible(bundle.filters, bundle.index_of, filters=_filters(args.filters),
@@ -66,6 +69,17 @@ def _recommend(args: argparse.Namespace) -> int:
                         ttl=args.ttl)
     print_json({**summary, "unknown_items": unknown})
     return 0
+
+
+def _check_writable(out: Path) -> None:
+    """Refuse, before any work, an --out whose folder this process cannot write (pyarrow's error for it, without
+    a file name, was an internal error once every list had been computed)."""
+    folder = next(p for p in (out.absolute().parent, *out.absolute().parents) if p.exists())
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # what the job's own temporary file would meet
+            pass
+    except OSError as err:
+        raise SeqrecError(f"--out {out}: cannot write into {folder}: {err.strerror}") from None
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

@@ -41,6 +41,7 @@ from service.answer import plan_query, popular
 from service.bundle import Bundle
 from service.recommend import Query, recommend_batch
 from service.redis_errors import redact_url
+from service.settings import check_redis_url
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,10 @@ def run_batch(bundle: Bundle, data: PreparedDataset, rows: np.ndarray, job: Batc
 
 
 def _redis(url: str) -> Any:
+    try:
+        check_redis_url(url)  # a database that is no number ('/abc') was database 0, exit 0
+    except ValueError as err:
+        raise SeqrecError(f"--redis-url {redact_url(url)}: {err}") from None
     try:
         client = redis.Redis.from_url(url, socket_timeout=10.0)
         client.ping()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,34 @@ def test_an_output_that_is_a_folder_is_one_line_naming_it(tiny: tuple[Path, Path
                    f"(e.g. {folder / 'recs.parquet'})"]
     assert sorted(p.name for p in folder.iterdir()) == ["kept.txt"]
     assert not list(tmp_path.glob(".lists.*"))  # no temporary file left behind
+
+
+def test_lists_leave_out_what_the_served_catalogue_retired(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """The job loaded the bundle without its catalogue journal: a retired item stayed in 573 of a helper's lists,
+    and lists near it came out in another order than POST /recommend answers."""
+    import shutil
+
+    from service.catalog import CatalogChanges, write_journal
+
+    data, bundle = tiny
+    before = _run(tiny, tmp_path / "before.parquet", "--all", "--k", "10")
+    top = Counter(item for rows in before.values() for item, _ in rows).most_common(1)[0][0]
+    retired = tmp_path / "bundle"
+    shutil.copytree(bundle, retired)
+    write_journal(retired, CatalogChanges(retired=[top]))
+    after = _run((data, retired), tmp_path / "after.parquet", "--all", "--k", "10")
+    assert all(top not in [item for item, _ in rows] for rows in after.values())
+    assert all(len(rows) == 10 for rows in after.values())
+
+
+def test_an_out_or_a_redis_database_it_cannot_use_is_refused_before_any_list(tiny: tuple[Path, Path], tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    data, bundle = tiny
+    job = ["recommend", "--artifact", str(bundle), "--data", str(data), "--all", "--threads", "1", "-q"]
+    assert seqrec([*job, "--out", "/proc/recs.parquet"]) == 1  # an internal error once every list was computed
+    assert capsys.readouterr().err.strip().startswith("seqrec: error: --out /proc/recs.parquet: cannot write into "
+                                                      "/proc: ")
+    assert seqrec([*job, "--out", str(tmp_path / "r.parquet"), "--redis-url", "redis://127.0.0.1:6379/abc"]) == 1
+    assert capsys.readouterr().err.strip() == (  # it wrote into database 0 and exited 0
+        "seqrec: error: --redis-url redis://127.0.0.1:6379/abc: the database 'abc' is not a number")
+    assert not (tmp_path / "r.parquet").exists()
