@@ -25,6 +25,26 @@ DEFAULT_SEEN_CAP = 10_000
 
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url accepts
+MIN_POLL_S = 0.1
+
+
+def check_redis_url(url: str) -> str:
+    """``url`` as redis-py reads it, or a ValueError: a port or query value it cannot read was an internal error at
+    start-up, and a database that is no number (``/abc``) silently database 0."""
+    from urllib.parse import unquote, urlsplit
+
+    from redis.connection import parse_url
+
+    try:
+        parse_url(url)
+        parts = urlsplit(url)
+        _ = parts.port  # a ValueError when not a number
+    except ValueError as err:
+        raise ValueError(str(err)) from None
+    database = unquote(parts.path).strip("/")
+    if not url.startswith("unix://") and database and not database.isdigit():
+        raise ValueError(f"the database {database!r} is not a number")
+    return url
 
 
 def default_workers(redis_url: str | None) -> int:
@@ -33,7 +53,8 @@ def default_workers(redis_url: str | None) -> int:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SEQREC_", env_file=".env", extra="ignore")
+    # An empty variable is an unset one (compose passes unset ones empty): SEQREC_HOST= listened on every interface.
+    model_config = SettingsConfigDict(env_prefix="SEQREC_", env_file=".env", extra="ignore", env_ignore_empty=True)
 
     artifacts: Path = Field(Path("artifacts"), description="artifacts folder (its `current`) or a bundle folder")
     redis_url: str | None = Field(None, description="redis://host:port/db; unset = in-process history store")
@@ -65,7 +86,8 @@ class Settings(BaseSettings):
                          description="uvicorn worker processes; default: one per core with Redis, else 1 (the "
                                      "in-process history store is per process)")
     reload_poll_s: float | None = Field(None, ge=0, le=3600, description="seconds between each worker's checks "
-                                        "of `current` (0 = never); default: 2 with several workers, else 0")
+                                        "of `current` (0 = never, else at least 0.1); default: 2 with several "
+                                        "workers, else 0")
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"  # uvicorn's levels
 
     @field_validator("log_level", mode="before")
@@ -77,10 +99,34 @@ class Settings(BaseSettings):
     @classmethod
     def _redis_scheme(cls, url: str | None) -> str | None:
         # redis-py's own check only runs when the store connects, inside each worker's start-up
-        if url and not url.startswith(REDIS_SCHEMES):
-            shown = url if "@" not in url else "***@" + url.rsplit("@", 1)[1]  # credentials never reach a log
+        if not url:
+            return url
+        shown = url if "@" not in url else "***@" + url.rsplit("@", 1)[1]  # credentials never reach a log
+        if not url.startswith(REDIS_SCHEMES):
             raise ValueError(f"{shown!r} is not a Redis URL: it must start with {', '.join(REDIS_SCHEMES)}")
-        return url
+        return check_redis_url(url)
+
+    @field_validator("host", "artifacts", mode="before")
+    @classmethod
+    def _not_empty(cls, value: object) -> object:  # --host '' listened on every interface; --artifacts= was "."
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty; leave it out for the default")
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _sendable_key(cls, key: SecretStr | None) -> SecretStr | None:
+        text = None if key is None else key.get_secret_value()
+        if text and text != text.strip():  # HTTP strips a header value's ends: no request could carry this key
+            raise ValueError("starts or ends with white space, which an Authorization header cannot carry")
+        return key
+
+    @field_validator("reload_poll_s")
+    @classmethod
+    def _poll_off_or_sane(cls, seconds: float | None) -> float | None:
+        if seconds is not None and 0 < seconds < MIN_POLL_S:  # 1e-6 kept an idle server's core busy
+            raise ValueError(f"must be 0 (never) or at least {MIN_POLL_S}, got {seconds:g}")
+        return seconds
 
     def reload_poll(self) -> float:
         return (2.0 if self.workers > 1 else 0.0) if self.reload_poll_s is None else self.reload_poll_s

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from offline.cli.common import Subparsers
-from retriever.errors import SeqrecError, validation_message
+from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     import uvicorn
+    from pydantic import ValidationError
 
 log = logging.getLogger("seqrec")
 WORKER_APP = "service.app:create_app"  # each worker process builds its app from SEQREC_* variables
@@ -38,6 +39,19 @@ def add_serve_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=_serve)
 
 
+def settings_message(err: ValidationError, flags: dict[str, object]) -> str:
+    """One line for invalid settings, each named as the user gave it: ``--workers`` for a flag (it was named
+    SEQREC_WORKERS, a variable they never set), ``SEQREC_...`` for a variable or .env line."""
+    problems = []
+    for error in err.errors():
+        if error["type"] == "default_factory_not_called":  # a consequence of another error, listed beside it
+            continue
+        field = str(error["loc"][0]) if error["loc"] else ""
+        problems.append(f"{'--' + field.replace('_', '-') if field in flags else 'SEQREC_' + field.upper()}: "
+                        f"{error['msg']}")
+    return "; ".join(problems)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
@@ -53,7 +67,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**given)  # options override SEQREC_* variables
     except ValidationError as err:
-        raise SeqrecError("invalid settings: " + validation_message(err, prefix="SEQREC_", upper=True)) from None
+        raise SeqrecError("invalid settings: " + settings_message(err, given)) from None
+    except UnicodeDecodeError as err:  # the .env file pydantic-settings reads
+        raise SeqrecError(f".env: not UTF-8 text (byte {err.start}); write it as UTF-8") from None
     check_bindable(settings.host, settings.port)  # before the bundle's load, which takes seconds
     if settings.redis_url:
         check_redis(settings.redis_url, settings.redis_prefix)

@@ -87,11 +87,19 @@ def test_serve_refuses_a_corrupt_bundle_with_any_number_of_workers(bundle: Path,
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (["--redis-url", "localhost:6379"], "SEQREC_REDIS_URL: Value error, 'localhost:6379' is not a Redis URL: it "
+    (["--redis-url", "localhost:6379"], "--redis-url: Value error, 'localhost:6379' is not a Redis URL: it "
                                         "must start with redis://, rediss://, unix://"),
-    (["--redis-url", "http://:s3cret@cache:6379"], "SEQREC_REDIS_URL: Value error, '***@cache:6379' is not a Redis "
+    (["--redis-url", "http://:s3cret@cache:6379"], "--redis-url: Value error, '***@cache:6379' is not a Redis "
                                                    "URL: it must start with redis://, rediss://, unix://"),
-    (["--port", "70000"], "SEQREC_PORT: Input should be less than or equal to 65535"),
+    # a flag's error named SEQREC_PORT, a variable the user never set
+    (["--port", "70000"], "--port: Input should be less than or equal to 65535"),
+    (["--workers", "0"], "--workers: Input should be greater than or equal to 1"),
+    # database 0, silently; then two internal errors (ValueError) at start-up
+    (["--redis-url", "redis://127.0.0.1:6379/abc"], "--redis-url: Value error, the database 'abc' is not a number"),
+    (["--redis-url", "redis://127.0.0.1:abc/12"], "--redis-url: Value error, Port could not be cast to integer"),
+    (["--redis-url", "redis://127.0.0.1:6379/12?socket_timeout=abc"],
+     "--redis-url: Value error, Invalid value for 'socket_timeout' in connection URL."),
+    (["--host", ""], "--host: Value error, empty; leave it out for the default"),  # it listened on every interface
 ])
 def test_serve_names_an_invalid_setting_alone(bundle: Path, options: list[str], message: str,
                                               capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +108,45 @@ def test_serve_names_an_invalid_setting_alone(bundle: Path, options: list[str], 
     monkeypatch.delenv("SEQREC_WORKERS", raising=False)
     monkeypatch.delenv("SEQREC_REDIS_URL", raising=False)
     assert main(["serve", "--artifacts", str(bundle), *options]) == 1
-    assert capsys.readouterr().err.strip().splitlines() == [f"seqrec: error: invalid settings: {message}"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"seqrec: error: invalid settings: {message}")
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("SEQREC_API_KEY", "   ", "SEQREC_API_KEY: Value error, starts or ends with white space, which an Authorization "
+                              "header cannot carry"),  # every write was refused, whatever the request sent
+    ("SEQREC_API_KEY", "key ", "SEQREC_API_KEY: Value error, starts or ends with white space"),
+    ("SEQREC_RELOAD_POLL_S", "0.000001", "SEQREC_RELOAD_POLL_S: Value error, must be 0 (never) or at least 0.1"),
+    ("SEQREC_PORT", "abc", "SEQREC_PORT: Input should be a valid integer"),
+])
+def test_a_variable_is_named_as_a_variable(bundle: Path, variable: str, value: str, message: str,
+                                          capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["serve", "--artifacts", str(bundle)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"seqrec: error: invalid settings: {message}")
+
+
+def test_an_empty_variable_is_an_unset_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose passes unset variables empty: SEQREC_HOST= listened on every interface (asyncio reads '' so),
+    SEQREC_ARTIFACTS= served '.'."""
+    from service.settings import Settings
+
+    for name in ("SEQREC_HOST", "SEQREC_ARTIFACTS", "SEQREC_API_KEY", "SEQREC_REDIS_URL", "SEQREC_WORKERS"):
+        monkeypatch.setenv(name, "")
+    settings = Settings()
+    assert (settings.host, settings.artifacts, settings.api_key_value(), settings.redis_url, settings.workers) == (
+        "127.0.0.1", Path("artifacts"), None, None, 1)
+
+
+def test_an_env_file_that_is_not_utf8_is_one_line(bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".env").write_bytes(b"SEQREC_LOG_LEVEL=\xff\xfe\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--artifacts", str(bundle)]) == 1  # an internal UnicodeDecodeError before
+    assert capsys.readouterr().err.strip() == "seqrec: error: .env: not UTF-8 text (byte 17); write it as UTF-8"
 
 
 def test_the_log_level_is_checked_and_takes_any_case(bundle: Path, capsys: pytest.CaptureFixture,
@@ -130,9 +176,9 @@ def test_a_worker_that_fails_to_start_is_an_error() -> None:
 
 def test_serve_names_an_invalid_setting(bundle: Path, capsys: pytest.CaptureFixture,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SEQREC_WORKERS", raising=False)
-    assert main(["serve", "--artifacts", str(bundle), "--workers", "0"]) == 1
-    assert "SEQREC_WORKERS" in capsys.readouterr().err
+    monkeypatch.setenv("SEQREC_WORKERS", "0")
+    assert main(["serve", "--artifacts", str(bundle)]) == 1
+    assert "SEQREC_WORKERS" in capsys.readouterr().err  # the variable, when the variable set it
 
 
 def test_a_redis_that_refuses_the_configuration_is_one_line_before_the_bundle_loads(
