@@ -56,6 +56,7 @@ class TuneOptions:
     seed: int = 0  # the TPE sampler's
     storage: str | None = None  # an Optuna RDB URL; default sqlite:///OUT/study.db
     fixed: dict[str, Any] = field(default_factory=dict)  # searched parameters pinned to a value
+    fixed_from: str = "--fix"  # where the pins came from, for messages (a pipeline's `tune.fix`)
     startup_trials: int = 2  # trials the pruner lets finish before it compares
     warmup_evals: int = 5  # evaluations of a trial before it may be pruned
 
@@ -236,7 +237,7 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
     search = Search(base, data, out, budget)
     problems = fixed_problems(options.fixed, base, search.shape)
     if problems:
-        raise SeqrecError(f"--fix {'; '.join(problems)}")
+        raise SeqrecError(f"{options.fixed_from} {'; '.join(problems)}")
     study = open_study(out, options, json.loads(json.dumps(identity, default=str)))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     started = 0  # every invocation runs one trial at least, however small its budget
@@ -282,6 +283,6 @@ def tuned_config(section: TuneSection, base: dict[str, Any], data: PreparedDatas
     best = out / "best.yaml"
     if not best.exists():
         options = TuneOptions(trials=section.trials, budget_minutes=section.minutes, clock=section.clock,
-                              seed=section.seed, fixed=section.fix)
+                              seed=section.seed, fixed=section.fix, fixed_from="tune.fix")
         tune(base, data, out, options, command="seqrec pipeline (tune section)")
     return load_config(best)

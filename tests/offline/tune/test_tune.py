@@ -279,3 +279,13 @@ def test_item_features_the_data_lacks_are_refused_before_any_trial(tmp_path: Pat
     assert err[0].startswith("seqrec: error: ")
     assert "no_such_column" in err[0]
     assert not out.exists()
+
+
+def test_a_pipeline_pin_outside_the_space_is_named_as_the_config_names_it(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """The error said `--fix`, a flag the pipeline's user never gave."""
+    config = _pipeline_config(tmp_path, {"trials": 1, "fix": {"d_model": 65}})
+    assert main(["pipeline", "--config", str(config), "--out", str(tmp_path / "artifacts"), "-q"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("seqrec: error: tune.fix d_model=65: not one of ")
