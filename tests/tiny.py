@@ -25,6 +25,12 @@ def prepare_tiny(out: Path) -> Path:
     return out
 
 
+def train_tiny(data: Path, out: Path) -> Path:
+    """A tiny retriever (TINY) trained on the prepared folder ``data`` through the real `seqrec train`, into ``out``."""
+    assert main(["train", "--data", str(data), "--out", str(out), *TINY, "-q"]) == 0
+    return out
+
+
 # Every committed model config (the registry's backbones and their variants), shrunk by `tiny_retriever`: the
 # compiled path's parity tests run over these (tests/retriever/test_compiled.py, tests/service/test_compiled.py).
 MODEL_CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/ml-100k/*.yaml"))

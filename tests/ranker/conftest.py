@@ -4,8 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from offline.cli import main
-from tests.tiny import TINY, prepare_tiny
+from tests.tiny import prepare_tiny, train_tiny
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +14,4 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def bundle(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bundles") / "b"
-    assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "-q"]) == 0
-    return out
+    return train_tiny(prepared, tmp_path_factory.mktemp("bundles") / "b")

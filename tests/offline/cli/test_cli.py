@@ -8,7 +8,7 @@ import pytest
 
 from offline.cli import build_parser, main
 from offline.cli.common import default_configs_dir, shipped_configs
-from tests.tiny import TINY, prepare_tiny
+from tests.tiny import TINY, prepare_tiny, train_tiny
 
 
 def subcommands() -> list[str]:
@@ -235,8 +235,7 @@ def test_resume_on_other_data_is_refused(tmp_path, capsys):
     other = tmp_path / "other"
     assert main(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
                  "--seed", "2", "--out", str(other), "-q"]) == 0
-    assert main(["train", "--data", str(data), "--out", str(out), *TINY, "-q"]) == 0
-    trained = (out / "retriever.pt").read_bytes()
+    trained = (train_tiny(data, out) / "retriever.pt").read_bytes()
     capsys.readouterr()
     assert main(["train", "--data", str(other), "--out", str(out), *TINY, "--resume", "-q"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

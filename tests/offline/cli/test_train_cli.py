@@ -13,7 +13,7 @@ from offline.cli import main
 from offline.cli.train import TRAIN_LOCK
 from offline.data.prepared import load_prepared
 from retriever.artifact import read_manifest
-from tests.tiny import TINY, prepare_tiny
+from tests.tiny import TINY, prepare_tiny, train_tiny
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +23,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def artifact(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("artifacts") / "a"
-    assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "-q"]) == 0
-    return out
+    return train_tiny(prepared, tmp_path_factory.mktemp("artifacts") / "a")
 
 
 def test_train_writes_a_self_describing_artifact(artifact: Path, prepared: Path) -> None:
@@ -241,8 +239,7 @@ def test_a_second_train_into_the_same_out_is_refused_while_the_first_runs(prepar
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
-    assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "-q"]) == 0
-    assert read_manifest(out).sha256 is not None
+    assert read_manifest(train_tiny(prepared, out)).sha256 is not None
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
