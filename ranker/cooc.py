@@ -146,8 +146,10 @@ def cooc_top(table: CoocTable, recent: np.ndarray, exclude: list[np.ndarray], k:
     ids = table.neighbors[recent].reshape(b, -1)  # (B, L * TOP)
     weight = (table.weights[recent].astype(np.float64) * decay[None, :, None]).reshape(b, -1)
     keys = np.arange(b, dtype=np.int64)[:, None] * n1 + ids
-    banned = np.concatenate([row * n1 + np.asarray(e, dtype=np.int64) for row, e in enumerate(exclude)] or
-                            [np.zeros(0, dtype=np.int64)])
+    # An id past the table (an item added after training) is never a candidate here; keyed, it would ban
+    # another row's item (row * n1 + n1 + j is row + 1's item j).
+    rows = (np.asarray(e, dtype=np.int64) for e in exclude)
+    banned = np.concatenate([row * n1 + e[e < n1] for row, e in enumerate(rows)] or [np.zeros(0, dtype=np.int64)])
     keep = (ids > 0) & ~np.isin(keys, banned)
     unique, inverse = np.unique(keys[keep], return_inverse=True)
     score = np.bincount(inverse, weights=weight[keep], minlength=len(unique))

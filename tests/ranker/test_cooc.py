@@ -118,6 +118,20 @@ def test_items_added_after_training_follow_nothing_and_are_followed_by_nothing()
     assert out[0, :, 0].tolist() == pytest.approx([0.3, 0.0])
 
 
+def test_an_excluded_item_added_after_training_bans_nothing_in_another_row() -> None:
+    # row 0 excludes item 5 (an item added after training: past the 4-row table), row 1 excludes nothing; keyed
+    # row * n1 + id, 0 * 4 + 5 is row 1's item 1, which the batch lost while the same request alone kept it
+    table = CoocTable(np.array([[0, 0], [2, 3], [1, 0], [1, 2]]),
+                      np.array([[0, 0], [0.6, 0.4], [1.0, 0], [0.5, 0.5]], dtype=np.float32),
+                      np.array([0, 0.1, 0.2, 0.3], dtype=np.float32), 0.7, 3)
+    recent = np.array([[0, 0, 2], [0, 0, 3]])
+    batch, _ = cooc_top(table, recent, [np.array([5]), np.zeros(0, dtype=np.int64)], 2)
+    alone, _ = cooc_top(table, recent[1:], [np.zeros(0, dtype=np.int64)], 2)
+    assert alone.tolist() == [[1, 2]]
+    assert batch[1].tolist() == alone[0].tolist()
+    assert batch[0].tolist() == [1, 0]
+
+
 def test_meta_columns_by_hand_and_batch_independent() -> None:
     # value ids per item (0 = none): 1 {a, b}, 2 {b}, 3 {c}, 4 {a, c}, 5 none
     meta = np.array([[0, 0], [1, 2], [2, 0], [3, 0], [1, 3], [0, 0]])
