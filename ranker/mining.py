@@ -101,13 +101,15 @@ def mine(
     max_len: int,
     batch_size: int = 512,
     exclude_seen: bool = True,
+    banned: np.ndarray | None = None,
     desc: str = "mine",
 ) -> Mined:
     """Top-``depth`` index candidates for every history items[start:end].
 
     exclude_seen: the whole history is excluded, a repeat target included (as in evaluation and
     as the service does with ``exclude_seen``); otherwise nothing is. Index row r is internal
-    item r + 1.
+    item r + 1. banned: internal ids never to return whatever the history (the catalogue's retired items, as the
+    service excludes them).
     """
     from retriever.index import search
 
@@ -121,6 +123,8 @@ def mine(
             queries = encode(torch.from_numpy(padded_slices(items, start[rows], end[rows], max_len)))
             exclude = [items[s:e] - 1 if exclude_seen else items[s:s] for s, e in zip(start[rows], end[rows],
                                                                                         strict=True)]
+            if banned is not None and len(banned):
+                exclude = [np.union1d(seen, banned - 1) for seen in exclude]
             found_scores, found = search(index, queries.float().cpu().numpy(), depth, exclude=exclude)
             width = found.shape[1]
             candidates[rows, :width] = np.where(found >= 0, found + 1, 0)

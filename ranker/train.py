@@ -97,12 +97,13 @@ def features(source: FeatureSource, groups: Groups, rows: np.ndarray, id_mask: T
 
 
 def merge_groups(groups: Groups, items: np.ndarray, cooc: CoocTable, share: float, item_rows: np.ndarray, *,
-                 exclude_seen: bool, batch_size: int = 1024) -> Groups:
+                 exclude_seen: bool, banned: np.ndarray | None = None, batch_size: int = 1024) -> Groups:
     """The groups with their candidates replaced by the union of the retriever's and the co-occurrence
     source's lists (`ranker.cooc.union`), at the same depth; the service merges the same way.
 
     items: the flat array the histories are slices of; the exclusion set is the whole history
-    under ``exclude_seen``, as the retriever's search had it. item_rows: (n_items + 1, D) the scoring rows
+    under ``exclude_seen``, as the retriever's search had it, and ``banned`` (internal ids, the catalogue's retired
+    items) always. item_rows: (n_items + 1, D) the scoring rows
     (`retriever.artifact.retrieval_rows`) of the retriever that ranked the groups (its user vectors are
     ``groups.user``).
     """
@@ -113,6 +114,8 @@ def merge_groups(groups: Groups, items: np.ndarray, cooc: CoocTable, share: floa
         rows = np.arange(lo, min(lo + batch_size, len(groups)))
         exclude = [items[s:e] if exclude_seen else items[s:s] for s, e in zip(mined.start[rows], mined.end[rows],
                                                                              strict=True)]
+        if banned is not None and len(banned):
+            exclude = [np.union1d(seen, banned) for seen in exclude]
         found, _ = cooc_top(cooc, recent_items(groups.history[rows], cooc.last), exclude, mined.depth)
         candidates[rows], scores[rows] = union(mined.candidates[rows], mined.scores[rows], found,
                                                groups.user[torch.from_numpy(rows)].numpy(), item_rows,

@@ -75,7 +75,7 @@ def served_lists(url: str, histories: list[list[str]], k: int, at: list[float] |
 def compare(url: str, bundle: Path, data: PreparedDataset, *, k: int = 10) -> Parity:
     """Every test user's served top k (server at ``url``, serving ``bundle``) against the offline one."""
     offline, targets = two_stage_top(bundle, data, split="test", k=k)
-    catalogue = np.array([str(i) for i in np.load(bundle / "item_ids.npy", allow_pickle=False)])
+    catalogue = _served_ids(bundle)
     inputs = data.split().inputs("test")
     histories = [catalogue[inputs.row(u) - 1].tolist() for u in range(len(inputs))]
     at = stamps = None
@@ -93,6 +93,17 @@ def compare(url: str, bundle: Path, data: PreparedDataset, *, k: int = 10) -> Pa
                                                                                          strict=True)])
     repeats = sum(int(targets[u] in inputs.row(u)) for u in differ)
     return Parity(len(inputs), k, ndcg_at(served_ranks, k), ndcg_at(offline.ranks, k), differ, repeats)
+
+
+def _served_ids(bundle: Path) -> np.ndarray:
+    """External id of each internal id - 1: the trained items, then those added through the admin routes that the
+    model gives a vector (the bundle's catalogue journal, as the service loads it)."""
+    from service.catalog import load_served, read_journal
+
+    changes = read_journal(bundle)
+    ids = load_served(bundle, inference="eager").artifact.item_ids if changes.added else np.load(
+        bundle / "item_ids.npy", allow_pickle=False)
+    return np.array([str(i) for i in ids])
 
 
 def _reads_time(bundle: Path) -> bool:

@@ -66,7 +66,7 @@ def run(bundle: Path, data_path: Path) -> dict[str, Any]:
     for label, kind in VARIANTS.items():
         row: dict[str, Any] = {"variant": label}
         for name, g in groups.items():
-            ranks = reranked_ranks(system, _variant(g, kind, now, data_end), data.n_items)
+            ranks = reranked_ranks(system, _variant(g, kind, now, data_end))
             row[name] = summarize(ranks, (10,))["NDCG@10"]
         rows.append(row)
     return {"artifact": str(bundle), "data": str(data_path), "clock": now, "data_end": data_end,

@@ -152,7 +152,8 @@ def add_evaluate_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
         "evaluate", parents=[common], help="full-ranking evaluation on the leave-one-out split",
         description="Rank each user's validation and test target against every item (history excluded, "
         "ties counted against the target) and print JSON with 'valid' and 'test' metrics. With --artifact, "
-        "'index' holds the same metrics computed from the artifact's FAISS index, as the service retrieves.",
+        "'index' holds the same metrics computed from the artifact's FAISS index, as the service retrieves. A bundle's "
+        "catalogue journal (items retired and added through the admin routes) is applied, as the service applies it.",
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", choices=["popularity"], help="a baseline fitted on the training positions")

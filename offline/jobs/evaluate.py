@@ -1,5 +1,6 @@
 """`seqrec evaluate` of a bundle: retriever top-N -> ranker -> top-K on the validation and test users,
-with the exclusion, depth and features the service uses (the parity bench compares the two)."""
+with the exclusion, depth and features the service uses (the parity bench compares the two), and the
+catalogue the service serves: the bundle's journal of items retired and added (`service.catalog`) applied."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from ranker.train import (
 from retriever.artifact import RetrieverArtifact, retrieval_rows
 from retriever.errors import SeqrecError
 from service.bundle import compile_stages
+from service.catalog import load_served, pending, read_journal
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +63,15 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
                               "stage": system.stage, **repeat_record(system.artifact, data), "depth": system.depth,
                               "ranker_depth": None if system.ranker is None else system.ranker.depth,
                               f"recall@{system.depth}": {n: round(g.mined.recall(), 6) for n, g in groups.items()}}
+    if system.catalogue:
+        result["catalogue"] = system.catalogue
     for name, g in groups.items():
-        result[name] = summarize(_reranked(system, g, data.n_items, k=1, mask_ids=mask_ids).ranks, usable)
+        result[name] = summarize(_reranked(system, g, k=1, mask_ids=mask_ids).ranks, usable)
     if system.stage == "two-stage":
         assert system.ranker is not None
         result["ranker"] = {"kind": system.ranker.kind, "ids_masked": mask_ids}
-        result["retriever"] = {name: summarize(retriever_ranks(g, data.n_items), usable) for name, g in groups.items()}
+        result["retriever"] = {name: summarize(retriever_ranks(g, system.n_items), usable)
+                               for name, g in groups.items()}
     return result
 
 
@@ -75,7 +80,7 @@ def two_stage_top(bundle: Path, data: PreparedDataset, *, split: str = "test", k
     """Each ``split`` user's top k as `evaluate_bundle` ranks them (its ranks too), and the targets."""
     system = _system(bundle, data, "auto", depth)
     groups = _retrieved(system, data, (split,))[split]
-    return _reranked(system, groups, data.n_items, k=k), groups.mined.target
+    return _reranked(system, groups, k=k), groups.mined.target
 
 
 def retrieved_groups(bundle: Path, data: PreparedDataset,
@@ -85,9 +90,9 @@ def retrieved_groups(bundle: Path, data: PreparedDataset,
     return system, _retrieved(system, data, splits)
 
 
-def reranked_ranks(system: _System, groups: Groups, n_items: int) -> np.ndarray:
+def reranked_ranks(system: _System, groups: Groups) -> np.ndarray:
     """(G,) each target's rank as `evaluate_bundle` counts it, for groups of `retrieved_groups` (altered or not)."""
-    return _reranked(system, groups, n_items, k=1).ranks
+    return _reranked(system, groups, k=1).ranks
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,9 @@ class _System:
     stage: str
     depth: int
     encode: Encoder  # the served user encoder (compiled where the service compiles it)
+    n_items: int  # the served catalogue: the trained items and those added since with a vector
+    banned: np.ndarray  # internal ids the service never returns: the catalogue's retired items
+    catalogue: dict[str, int]  # the journal's changes as applied ({} without any)
 
 
 def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) -> _System:
@@ -111,16 +119,38 @@ def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) 
     if depth > MAX_DEPTH:  # below, any depth a request may ask for (cut-offs above it are left out, with a warning)
         raise SeqrecError(f"--candidates must be at most {MAX_DEPTH} (the most a request's `candidates` may be), "
                           f"got {depth}")
+    changes = read_journal(bundle)
+    if changes.added or changes.retired:
+        return _served_system(bundle, stage, depth, source)
     # What the service computes with its default SEQREC_INFERENCE=auto: the compiled encoder, the MLP ranker
     # through ONNX Runtime and LightGBM's trees through lleaves, wherever the service would use them.
     served = ranker_artifact if stage == "two-stage" else None
     encoder, served, _ = compile_stages(bundle, artifact, served, "auto", threads=torch.get_num_threads())
     encode = unit_user_vectors(artifact, encoder)
+    none = np.zeros(0, dtype=np.int64)
     if stage == "two-stage":
         assert served is not None
         source = FeatureSource(served.tables.torch(), source.item_vectors, served.extras)
-        return _System(artifact, served, source, stage, depth, encode)
-    return _System(artifact, None, source, stage, depth, encode)
+        return _System(artifact, served, source, stage, depth, encode, artifact.n_items, none, {})
+    return _System(artifact, None, source, stage, depth, encode, artifact.n_items, none, {})
+
+
+def _served_system(bundle: Path, stage: str, depth: int, source: FeatureSource) -> _System:
+    """The system as the service loads it with its catalogue journal: retired items never retrieved (by either
+    source), added items with a vector in the index and the ranker's tables, the encoder eager once any is."""
+    served = load_served(bundle, inference="auto", threads=torch.get_num_threads())
+    artifact, ranker = served.artifact, served.ranker if stage == "two-stage" else None
+    encode = unit_user_vectors(artifact, served.compiled_encoder)
+    banned = np.array(sorted(served.retired), dtype=np.int64)
+    assert served.base is not None  # a journal with changes was applied
+    catalogue = {"retired": len(banned), "added": artifact.n_items - served.base.n_items,
+                 "added_without_vector": len(pending(served))}
+    log.info("%s: the catalogue journal applied, as the service serves it: %d items retired, %d added", bundle,
+             catalogue["retired"], catalogue["added"])
+    if ranker is not None:
+        assert served.tables is not None
+        source = FeatureSource(served.tables, served.vectors, ranker.extras)
+    return _System(artifact, ranker, source, stage, depth, encode, artifact.n_items, banned, catalogue)
 
 
 def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) -> dict[str, Groups]:
@@ -134,33 +164,35 @@ def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) 
     for name in splits:
         inputs, target = plans[name]
         mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:], target,
-                     depth=system.depth, max_len=artifact.max_len, exclude_seen=artifact.manifest.exclude_seen,
-                     desc=f"retrieve {name}")
+                     depth=system.depth, max_len=artifact.max_len,
+                     exclude_seen=artifact.manifest.exclude_seen, banned=system.banned, desc=f"retrieve {name}")
         timed = system.ranker is not None and system.ranker.needs_time
         if timed and not has_clock(data):
             raise SeqrecError(f"{data.path} has no timestamps; the ranker reads request-time features")
         at, last_event = request_times(split, name, mined) if timed else (None, None)  # as a served request's
         groups[name] = with_served_sources(
             make_groups(mined, sources[name], encode, artifact.max_len, at=at, last_event=last_event),
-            sources[name], artifact, system.ranker, system.source.item_vectors)
+            sources[name], artifact, system.ranker, system.source.item_vectors, banned=system.banned)
     return groups
 
 
 def with_served_sources(groups: Groups, items: np.ndarray, artifact: RetrieverArtifact,
-                        ranker: RankerArtifact | None, item_vectors: torch.Tensor) -> Groups:
+                        ranker: RankerArtifact | None, item_vectors: torch.Tensor,
+                        banned: np.ndarray | None = None) -> Groups:
     """The retriever's groups merged with the co-occurrence source's list where ``ranker`` was trained on the
-    union (as the service merges them); unchanged otherwise. items: the flat array the histories are slices of."""
+    union (as the service merges them); unchanged otherwise. items: the flat array the histories are slices of;
+    banned: internal ids never to return (retired items)."""
     if ranker is None or ranker.cooc_share is None:
         return groups
     assert ranker.cooc is not None
     return merge_groups(groups, items, ranker.cooc, ranker.cooc_share, retrieval_rows(artifact.model, item_vectors),
-                        exclude_seen=artifact.manifest.exclude_seen)
+                        exclude_seen=artifact.manifest.exclude_seen, banned=banned)
 
 
-def _reranked(system: _System, groups: Groups, n_items: int, *, k: int, mask_ids: bool = False) -> Reranked:
+def _reranked(system: _System, groups: Groups, *, k: int, mask_ids: bool = False) -> Reranked:
     scorer = None if system.ranker is None else system.ranker.ranker.score
     try:
-        return rerank_groups(scorer, system.source, groups, n_items, k=k, mask_ids=mask_ids)
+        return rerank_groups(scorer, system.source, groups, system.n_items, k=k, mask_ids=mask_ids)
     except UnrankableScores:
         what = "the retriever" if system.ranker is None else f"the {system.ranker.kind} ranker"
         raise SeqrecError(f"{system.artifact.path}: {what} scores NaN, which cannot be ranked (it diverged in "

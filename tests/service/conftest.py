@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from offline.cli import main as seqrec
 from service.settings import Settings
 from service.store import HistoryStore, make_store
 from tests import needs
 from tests.service.support import (
     SHARED_REDIS,
+    TINY_MODEL,
     RedisServer,
     Server,
     free_port,
@@ -39,6 +41,18 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def bundle(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The served bundle (retriever + LightGBM ranker). Never modified: tests that break bundles copy it."""
     return train_bundle(prepared, tmp_path_factory.mktemp("bundles") / "v1", seed=3)
+
+
+@pytest.fixture(scope="session")
+def featured(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny bundle whose model reads the synthetic catalogue's genres (so items added through the admin routes
+    get a vector), with a LightGBM ranker. Never modified: tests copy it."""
+    out = tmp_path_factory.mktemp("featured") / "v1"
+    assert seqrec(["train", "--data", str(prepared), "--out", str(out), *TINY_MODEL, "--seed", "3",
+                   "--model.item_features", "genres", "--train.repeats", "exclude", "-q"]) == 0
+    assert seqrec(["train-ranker", "--artifact", str(out), "--data", str(prepared), "--kind", "lgbm", "--mining",
+                   "direct", "--depth", "20", "--threads", "1", "-q"]) == 0
+    return out
 
 
 def _delete_prefix(prefix: str) -> None:

@@ -19,21 +19,10 @@ from retriever.artifact import rewrite_index
 from retriever.index import IndexSpec, search
 from service.bundle import load_bundle
 from service.catalog import JOURNAL, CatalogChanges, apply_changes, load_served
-from tests.service.support import SHARED_REDIS, TINY_MODEL, Server, serving
+from tests.service.support import SHARED_REDIS, Server, serving
 
 KEY = "catalogue-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-@pytest.fixture(scope="module")
-def featured(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny bundle whose model reads the synthetic catalogue's genres, with a LightGBM ranker."""
-    out = tmp_path_factory.mktemp("featured") / "v1"
-    assert seqrec(["train", "--data", str(prepared), "--out", str(out), *TINY_MODEL, "--seed", "3",
-                   "--model.item_features", "genres", "--train.repeats", "exclude", "-q"]) == 0
-    assert seqrec(["train-ranker", "--artifact", str(out), "--data", str(prepared), "--kind", "lgbm", "--mining",
-                   "direct", "--depth", "20", "--threads", "1", "-q"]) == 0
-    return out
 
 
 @pytest.fixture
