@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+from collections.abc import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -28,6 +30,15 @@ REFUSED: tuple[type[BaseException], ...] = (rex.AuthenticationError, rex.Authori
 UNREACHABLE: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.TimeoutError, OSError)
 STORE_ERRORS: tuple[type[BaseException], ...] = (*UNREACHABLE, rex.RedisError)
 REFUSES_WRITES: tuple[type[BaseException], ...] = (rex.ReadOnlyError, rex.OutOfMemoryError)
+
+
+def foreign_user(error: BaseException, users: Sequence[str]) -> str:
+    """``user 'x'`` for the user whose key a WRONGTYPE error is about: the append script names the user's place in
+    its batch (`service.store_lua`); a command on one user's keys is about that user. Else ``a user``."""
+    found = re.search(r"WRONGTYPE user (\d+) ", str(error))
+    if found and int(found.group(1)) < len(users):
+        return f"user {users[int(found.group(1))]!r}"
+    return f"user {users[0]!r}" if len(users) == 1 else "a user"
 
 
 def redact_url(url: str) -> str:

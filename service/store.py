@@ -49,7 +49,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from retriever.errors import SeqrecError, first_line
-from service.redis_errors import PROBE_MS, STORE_ERRORS, probe, redact_url, redis_state
+from service.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redact_url, redis_state
 from service.settings import DEFAULT_SEEN_CAP, Settings
 from service.store_lua import APPEND
 
@@ -296,59 +296,59 @@ class RedisStore:
         """The window, the seen set, the cut ties: the order `service.store_lua.APPEND` takes them in."""
         return [self._key(user_id), f"{self.prefix}seen:{user_id}", f"{self.prefix}cut:{user_id}"]
 
-    def _script_args(self, events: Sequence[Event], max_len: int) -> list[str | int]:
+    def _script_args(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> list[str | int]:
         args: list[str | int] = [max_len, self.seen_cap]
-        for e in events:
-            args += [_encode(e), e.item_id, "" if e.timestamp is None else repr(e.timestamp)]
+        for _, events in batch:
+            args.append(len(events))
+            for e in events:
+                args += [_encode(e), e.item_id, "" if e.timestamp is None else repr(e.timestamp)]
         return args
 
     @contextmanager
-    def _unavailable_as_store_error(self, user_id: str | None = None) -> Iterator[None]:
+    def _unavailable_as_store_error(self, users: Sequence[str] = ()) -> Iterator[None]:
         try:
             yield
         except STORE_ERRORS as e:
             if "WRONGTYPE" in str(e):  # another program's value under the prefix: retrying cannot help
-                raise ForeignHistory(f"the stored history of {f'user {user_id!r}' if user_id else 'a user'} (keys "
-                                     f"{self.prefix}*) holds values seqrec did not write ({first_line(e)}); "
+                raise ForeignHistory(f"the stored history of {foreign_user(e, users)} (keys {self.prefix}*) holds "
+                                     f"values seqrec did not write ({first_line(e)}); "
                                      "DELETE /users/{user_id}/history clears it") from e
             raise StoreUnavailable(f"Redis at {self.url} {redis_state(e)}: {str(e) or type(e).__name__}") from e
+
+    async def _append_batch(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> list[int]:
+        """One script call for every user's events: their key types checked before anything is written."""
+        keys = [key for user_id, _ in batch for key in self._keys(user_id)]
+        with self._unavailable_as_store_error([user_id for user_id, _ in batch]):
+            lengths = await self._append_script(keys=keys, args=self._script_args(batch, max_len))
+        return [int(n) for n in lengths]
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
         _check_user(user_id)
         _check_max_len(max_len)
         _check_events(events)
-        key = self._key(user_id)
-        with self._unavailable_as_store_error(user_id):
-            if not events:
-                return int(await self._redis.llen(key))
-            length = await self._append_script(keys=self._keys(user_id), args=self._script_args(events, max_len))
-        return int(length)
+        if not events:
+            with self._unavailable_as_store_error([user_id]):
+                return int(await self._redis.llen(self._key(user_id)))
+        return (await self._append_batch([(user_id, events)], max_len))[0]
 
     async def append_many(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> None:
         _check_max_len(max_len)
         for user_id, events in batch:  # validate everything before anything is sent: all or nothing
             _check_user(user_id)
             _check_events(events)
-        if not any(events for _, events in batch):
-            return
-        with self._unavailable_as_store_error():
-            async with self._redis.pipeline(transaction=True) as pipe:
-                for user_id, events in batch:
-                    if events:
-                        await self._append_script(keys=self._keys(user_id),  # queued, sent by execute()
-                                                  args=self._script_args(events, max_len), client=pipe)
-                await pipe.execute()
+        if any(events for _, events in batch):
+            await self._append_batch([(user_id, events) for user_id, events in batch if events], max_len)
 
     async def history(self, user_id: str) -> list[Event]:
         _check_user(user_id)
-        with self._unavailable_as_store_error(user_id):
+        with self._unavailable_as_store_error([user_id]):
             raw_entries = await self._redis.lrange(self._key(user_id), 0, -1)
         return _decode_window(raw_entries, user_id)
 
     async def read(self, user_id: str) -> UserHistory:
         _check_user(user_id)
         window_key, seen_key, _ = self._keys(user_id)
-        with self._unavailable_as_store_error(user_id):
+        with self._unavailable_as_store_error([user_id]):
             try:
                 raw_entries, seen = await self._read_keys(window_key, seen_key, transaction=True)
             except rex.OutOfMemoryError:
