@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast
 
 import faiss
 import numpy as np
 
 from retriever.index.build import as_matrix
+from retriever.index.device import is_gpu_index, kind_of, unwrap
 
 
 def search(
@@ -25,7 +27,8 @@ def search(
     history. Each batch searches ``k + max(len(exclude))`` candidates and drops the excluded ones, so a row
     is only missed if the index itself missed it. Positions with nothing left to return hold row -1 and
     score -inf. ``k`` is clipped to the index size. On GPU, faiss caps ``k + max(len(exclude))`` at 2048.
-    ``params`` go to every ``index.search`` (an ID selector: `retriever.index.filtered`).
+    ``params`` go to every ``index.search`` (an ID selector: `retriever.index.filtered`). Without them, a query
+    an IVF index answers short (`_probe_every_list`) is searched again over every list.
     """
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
@@ -50,7 +53,31 @@ def search(
         batch_exclude = None if exclude is None else exclude[start:stop]
         scores[start:stop], rows[start:stop] = _search_batch(index, q[start:stop], k, batch_exclude, n_rows,
                                                                    params)
+    if params is None:
+        _probe_every_list(index, q, k, exclude, scores, rows)
     return scores, rows
+
+
+def _probe_every_list(index: faiss.Index, q: np.ndarray, k: int, exclude: Sequence[np.ndarray] | None,
+                      scores: np.ndarray, rows: np.ndarray) -> None:
+    """An IVF index probes ``nprobe`` of its lists; where they hold fewer than k rows the exclusions leave, a query
+    got fewer than k. Those queries are searched again over every list (in place), so a list comes back short
+    only when the catalogue is: what the service promises (k whenever k eligible items remain), and what mining
+    and evaluation, which search here too, count. Only a CPU IVF index without wrappers takes the parameter."""
+    core = unwrap(index)
+    if kind_of(index) != "ivf" or is_gpu_index(index) or type(faiss.downcast_index(index)) is not type(core):
+        return
+    leaf = cast(Any, core)
+    n_rows = int(index.ntotal)
+    lost = np.zeros(len(q), dtype=np.int64) if exclude is None else np.array([np.unique(e).size for e in exclude],
+                                                                              dtype=np.int64)
+    short = np.flatnonzero((rows >= 0).sum(axis=1) < np.minimum(k, n_rows - lost))
+    if short.size == 0 or leaf.nprobe >= leaf.nlist:
+        return
+    every: Any = faiss  # faiss's type stubs omit the search parameters' keyword arguments
+    params = every.SearchParametersIVF(nprobe=int(leaf.nlist))
+    again = None if exclude is None else [exclude[int(i)] for i in short]
+    scores[short], rows[short] = _search_batch(index, q[short], k, again, n_rows, params)
 
 
 def _search_batch(

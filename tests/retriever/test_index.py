@@ -119,12 +119,28 @@ def test_exclude_covering_almost_everything_pads_with_minus_one() -> None:
     assert np.all(np.isneginf(scores[2]))
 
 
-def test_results_the_index_cannot_find_are_padded() -> None:
-    # With 1 of 4 lists probed, IVF only ever sees about a quarter of the catalogue.
+def test_an_ivf_search_that_comes_back_short_probes_every_list() -> None:
+    # With 1 of 4 lists probed, IVF only ever sees about a quarter of the catalogue: such a query is searched again
+    # over every list, so it gets the k the catalogue holds (the service promises k whenever k eligible items
+    # remain, and evaluation counts the same search). It came back with about 50 of 200 rows before.
     items = normalize(_gaussian(200, 8, 20))
     index = build_index(items, IndexSpec(kind="ivf", nlist=4, nprobe=1))
-    for exclude in (None, [np.array([0])] * 3):
+    exact = build_index(items, IndexSpec(kind="flat"))
+    for exclude, want in ((None, 200), ([np.array([0, 0, 5])] * 3, 198)):
         scores, rows = search(index, items[:3], 200, exclude=exclude)
+        assert ((rows >= 0).sum(axis=1) == want).all()
+        expected = search(exact, items[:3], 200, exclude=exclude)[1]
+        assert [set(r[r >= 0]) for r in rows] == [set(r[r >= 0]) for r in expected]
+    assert int(faiss.extract_index_ivf(index).nprobe) == 1  # the index's own setting is left alone
+
+
+def test_results_the_index_cannot_find_are_padded() -> None:
+    # with search parameters (a filter's selector) nothing is searched again: the caller falls back itself
+    items = normalize(_gaussian(200, 8, 20))
+    index = build_index(items, IndexSpec(kind="ivf", nlist=4, nprobe=1))
+    params = faiss.SearchParametersIVF(nprobe=1)
+    for exclude in (None, [np.array([0])] * 3):
+        scores, rows = search(index, items[:3], 200, exclude=exclude, params=params)
         missing = rows == -1
         assert missing[:, -1].all()
         assert np.all(np.isneginf(scores[missing]))
