@@ -28,6 +28,8 @@ from offline.data.split import MIN_LENGTH, leave_one_out, repeat_shares
 from retriever.atomic import check_replaceable, replace_dir, staging_dir
 from retriever.errors import SeqrecError
 
+MAX_ID_CHARS = 256  # the longest user or item id a request to the service may carry (service/schemas.py)
+
 log = logging.getLogger(__name__)
 
 
@@ -118,6 +120,8 @@ def _apply_rating_filter(raw: RawDataset, min_rating: float | None) -> pa.Table:
 def _encode_sorted(table: pa.Table) -> Encoded:
     user_codes, user_names = _codes(table.column("user_id"))
     item_codes, item_names = _codes(table.column("item_id"))
+    _check_id_lengths("user", user_names)
+    _check_id_lengths("item", item_names)
     times = table.column("timestamp").to_numpy()
     # Users in natural id order; within a user, time order; ties keep the file's row order
     # (the row index is the last key, so the result does not depend on sort stability).
@@ -127,6 +131,16 @@ def _encode_sorted(table: pa.Table) -> Encoded:
     names_by_rank = np.empty_like(user_names)
     names_by_rank[rank_of_code] = user_names
     return Encoded(user_rank[order], item_codes[order], times[order], names_by_rank, item_names)
+
+
+def _check_id_lengths(what: str, names: np.ndarray) -> None:
+    """Ids longer than a request may carry (`service.schemas`) would be trained on and evaluated, yet never served:
+    every request naming one is a 422."""
+    long = [str(name) for name in names if len(str(name)) > MAX_ID_CHARS]
+    if long:
+        raise SeqrecError(f"{len(long):,} {what} id(s) longer than {MAX_ID_CHARS} characters, the longest a request "
+                          f"to the service may carry, e.g. {long[0][:40]!r}... ({len(long[0]):,} characters); "
+                          f"shorten or map them (a hash) before preparing")
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

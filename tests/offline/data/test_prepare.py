@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from offline.data.errors import DataError
-from offline.data.prepare import Filters, prepare
+from offline.data.prepare import MAX_ID_CHARS, Filters, prepare
 from offline.data.prepared import load_prepared
 from offline.data.readers.tabular import read_tabular
 from offline.data.split import repeat_shares
@@ -174,3 +174,23 @@ def test_the_manifest_stores_the_share_of_repeat_targets(write, tmp_path):
     data = load_prepared(tmp_path / "prepared")
     assert data.repeat_shares == manifest["repeat_targets"]
     assert repeat_shares(data.split()) == manifest["repeat_targets"]  # what an older folder gets computed
+
+
+@pytest.mark.parametrize("column", ["user", "item"])
+def test_ids_longer_than_a_request_may_carry_are_refused(write, tmp_path, column):
+    """An item id of 257 characters was trained on and evaluated, yet every request naming it was a 422."""
+    long = "L" * (MAX_ID_CHARS + 1)
+    text = LOG.replace("u1," if column == "user" else ",a,", f"{long}," if column == "user" else f",{long},")
+    with pytest.raises(SeqrecError, match=rf"1 {column} id\(s\) longer than 256 characters.*\(257 characters\)"):
+        _prepare(write, tmp_path, text)
+    assert not (tmp_path / "prepared").exists()
+    fits = LOG.replace(",a,", f",{'L' * MAX_ID_CHARS},")
+    assert _prepare(write, tmp_path, fits)["items"] == 7
+
+
+def test_the_id_limit_is_the_services():
+    from service.schemas import RecommendRequest
+
+    schema = RecommendRequest.model_json_schema()
+    history = schema["properties"]["history"]["anyOf"][0]["items"]["anyOf"][0]
+    assert history["maxLength"] == MAX_ID_CHARS
