@@ -71,8 +71,9 @@ def test_numeric_ids_sort_numerically(write, tmp_path):
 
 
 def test_ids_that_int_cannot_read_sort_as_text_or_by_their_digits(write, tmp_path):
-    """'²' (a digit to str.isdigit) and an id of 5,000 digits were internal errors in int()."""
-    long = "9" * 5000
+    """'²' (a digit to str.isdigit) and an id of 5,000 digits were internal errors in int(); ids over 256 characters
+    are refused now (`test_ids_longer_than_a_request_may_carry_are_refused`), so the longest that sorts is 256."""
+    long = "9" * MAX_ID_CHARS
     text = "user,item,ts\n" + "".join(f"{u},{i},{t}\n" for u in ("u1", long, "7", "007")
                                       for t, i in enumerate(("²", "10", "2", "a")))
     _prepare(write, tmp_path, text)
