@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from retriever import seqrec_version
 from service.bundle import Bundle, resolve_bundle
 from service.catalog import load_served
-from service.deps import State, require_key
+from service.deps import State, require_key, utf8_path
 from service.engine import Engine, Overloaded, set_threads
 from service.metrics import Metrics
 from service.reloading import watch_current
@@ -64,12 +64,17 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
     # Without a key, writes are open, and the OpenAPI document says so (no security scheme, no 401).
     guarded = settings.api_key_value() is not None
     for router in ROUTERS:
-        if guarded and router in WRITES:
-            app.include_router(router, dependencies=[Depends(require_key)], responses=UNAUTHORIZED)
-        else:
-            app.include_router(router)
+        keyed = guarded and router in WRITES
+        # the key first (a 401 whatever the path), then the ids of the path: not UTF-8 is a 422, like an empty one
+        needs = [Depends(require_key)] * keyed + [Depends(utf8_path)] * _takes_ids(router)
+        app.include_router(router, dependencies=needs, responses=UNAUTHORIZED if keyed else None)
     app.mount("/static", StaticFiles(directory=web.STATIC), name="static")  # the page's scripts and styles
     return app
+
+
+def _takes_ids(router: APIRouter) -> bool:
+    """Whether a route of ``router`` has an id in its path (a ``{name:id}`` segment, `service.schemas`)."""
+    return any(":id}" in getattr(route, "path", "") for route in router.routes)
 
 
 @asynccontextmanager

@@ -1,13 +1,15 @@
-"""What routes declare they need: the app's state (settings, engine, history store, metrics) and the API-key
-check of the write routes."""
+"""What routes declare they need: the app's state (settings, engine, history store, metrics), the API-key
+check of the write routes and the UTF-8 check of the routes with ids in their paths."""
 
 from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
 from typing import Annotated
+from urllib.parse import unquote_to_bytes
 
 from fastapi import Depends, HTTPException, Request, Security
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.engine import Engine
@@ -61,7 +63,29 @@ BearerDep = Annotated[HTTPAuthorizationCredentials | None,
 
 async def require_key(credentials: BearerDep, state: StateDep) -> None:
     """401 unless the request carries the service's key; installed on the write routes only when there is one."""
+    # Constant-time over bytes: the key is printable ASCII (`Settings`); a header is read as Latin-1, so its bytes
+    # are compared as sent (UTF-8 bytes of a non-ASCII value never equal an ASCII key)
     key = (state.settings.api_key_value() or "").encode()
-    if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), key):
+    if credentials is None or not hmac.compare_digest(credentials.credentials.encode("latin-1"), key):
         raise HTTPException(401, "this endpoint needs `Authorization: Bearer <SEQREC_API_KEY>`",
                             headers={"WWW-Authenticate": "Bearer"})
+
+
+async def utf8_path(request: Request) -> None:
+    """422 naming the id when the path's percent-decoded bytes are not UTF-8: the server decodes them with U+FFFD
+    for each bad byte, so `/users/%FF/history`, `/users/%FE/history` and `/users/%EF%BF%BD/history` reached one
+    user's history (the JSON bodies refuse such text). Installed on the routers whose routes take ids in paths."""
+    raw = request.scope.get("raw_path")  # still percent-encoded; an ASGI server may leave it out
+    if not raw:
+        return
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as err:
+        byte = err.object[err.start]
+        # the fixed segments of a matched route are ASCII: the bad bytes are in an id, now holding a U+FFFD
+        locs: list[tuple[str, ...]] = [("path", name) for name, value in request.path_params.items()
+                                       if "\ufffd" in str(value)]
+        message = (f"not UTF-8 once percent-decoded (the byte %{byte:02X}); an id in a path is its UTF-8 bytes, "
+                   "percent-encoded (U+FFFD is %EF%BF%BD)")
+        raise RequestValidationError([{"type": "string_unicode", "loc": loc, "msg": message}
+                                      for loc in locs or [("path",)]]) from None

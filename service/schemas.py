@@ -70,7 +70,9 @@ def _plain_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
 
 ItemIds = Annotated[list[ItemId], WrapValidator(_plain_ids)]
 UserId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_encodable)]
-PathId = Annotated[str, Path(min_length=1, max_length=256)]  # a user or item id as a path segment (`{name:id}`)
+# A user or item id as a path segment (`{name:id}`), whose percent-decoded bytes must be UTF-8 (`deps.utf8_path`:
+# the server decodes a bad byte as U+FFFD, so %FF, %FE and %EF%BF%BD named one user)
+PathId = Annotated[str, Path(min_length=1, max_length=256)]
 
 
 def _whole_number(value: Any) -> Any:
@@ -87,7 +89,8 @@ Depth = Annotated[int, Field(ge=1, le=MAX_DEPTH), BeforeValidator(_whole_number)
 
 class _AnyText(PathConvertor):
     """Path segments for ids, which come unrestricted in JSON bodies: a client sends "a/b" or "a\nb" as %2F or
-    %0A, decoded before routing, so the default ``[^/]+`` (or ``path``'s ``.*``, blind to newlines) would 404."""
+    %0A, decoded before routing, so the default ``[^/]+`` (or ``path``'s ``.*``, blind to newlines) would 404.
+    The decoding replaced bytes that are not UTF-8 with U+FFFD; `deps.utf8_path` refuses those paths."""
 
     regex = "(?s:.*)"
 

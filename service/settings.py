@@ -5,6 +5,7 @@
     SEQREC_REDIS_URL=redis://redis:6379/0   history store; unset = the in-process store
     SEQREC_SEEN_CAP=10000             items remembered per user for ``exclude_seen`` (see ``service.store``)
     SEQREC_API_KEY=...                required as ``Authorization: Bearer`` on writes and /admin
+                                      (printable ASCII: ! to ~)
     SEQREC_INFERENCE=auto             auto | onnx | eager: the encoder and MLP ranker through ONNX Runtime
     SEQREC_WORKERS=N                  worker processes (default: one per core with Redis, else 1)
 """
@@ -54,7 +55,9 @@ def default_workers(redis_url: str | None) -> int:
 
 class Settings(BaseSettings):
     # An empty variable is an unset one (compose passes unset ones empty): SEQREC_HOST= listened on every interface.
-    model_config = SettingsConfigDict(env_prefix="SEQREC_", env_file=".env", extra="ignore", env_ignore_empty=True)
+    # A refused value stays out of the error (a worker logs it): it may be the API key or a Redis password.
+    model_config = SettingsConfigDict(env_prefix="SEQREC_", env_file=".env", extra="ignore", env_ignore_empty=True,
+                                      hide_input_in_errors=True)
 
     artifacts: Path = Field(Path("artifacts"), description="artifacts folder (its `current`) or a bundle folder")
     redis_url: str | None = Field(None, description="redis://host:port/db; unset = in-process history store")
@@ -63,7 +66,8 @@ class Settings(BaseSettings):
     redis_pool_size: int = Field(64, ge=1, description="connections in the Redis pool")
     seen_cap: int = Field(DEFAULT_SEEN_CAP, ge=1, description="items remembered per user for `exclude_seen`; past "
                           "it the least recently recorded are forgotten")
-    api_key: SecretStr | None = Field(None, description="when set, writes and /admin need `Bearer <key>`")
+    api_key: SecretStr | None = Field(None, description="when set, writes and /admin need `Bearer <key>`; printable "
+                                      "ASCII (! to ~), as a header carries it")
     max_batch: int = Field(32, ge=1, le=1024, description="requests micro-batched into one forward pass")
     max_wait_ms: float = Field(0.0, ge=0, le=1000, description="extra wait for more requests before a batch "
                                "runs; 0 = adaptive: a batch holds what queued while the last one ran")
@@ -119,6 +123,10 @@ class Settings(BaseSettings):
         text = None if key is None else key.get_secret_value()
         if text and text != text.strip():  # HTTP strips a header value's ends: no request could carry this key
             raise ValueError("starts or ends with white space, which an Authorization header cannot carry")
+        if text and not all("!" <= c <= "~" for c in text):  # the characters themselves stay out of the message
+            # 'clé': curl sends its UTF-8 bytes, the server reads a header as Latin-1, browsers refuse to send it
+            raise ValueError("has a character that is not printable ASCII (! to ~; no spaces), which an "
+                             "Authorization header cannot carry as the same text from every client")
         return key
 
     @field_validator("reload_poll_s")

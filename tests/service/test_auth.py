@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from offline.bench.processes import ServerError, UvicornProcess
 from tests.service.support import Server, serving
 
 KEY = "s3cret-key"
@@ -24,6 +25,8 @@ WRONG = [
     {"Authorization": f"Bearer {KEY[:-1]}"},  # a prefix of the key, or another case, is another key
     {"Authorization": f"Bearer {KEY[:1]}"},
     {"Authorization": f"Bearer {KEY.upper()}"},
+    {"Authorization": f"Bearer {KEY}é".encode()},  # bytes no key can match (it is printable ASCII): still a 401
+    {"Authorization": f"Bearer {KEY}é".encode("latin-1")},
 ]
 RIGHT = {"Authorization": f"Bearer {KEY}"}
 READS_BY_POST = {"/recommend"}  # a query in a body: open, as every read is
@@ -99,3 +102,26 @@ def test_every_route_that_is_not_a_read_needs_the_key(client: httpx.Client) -> N
         for headers in WRONG:
             response = client.request(method.upper(), path, headers=headers)
             assert response.status_code == 401, (method, path, headers, response.text)
+
+
+def test_a_path_id_is_checked_after_the_key(client: httpx.Client) -> None:
+    """An id whose bytes are not UTF-8 was read as U+FFFD: this DELETE deleted user "\ufffd"'s history."""
+    assert client.post("/events", json={"user_id": "\ufffd", "item_id": "i1"}, headers=RIGHT).status_code == 200
+    assert client.delete("/users/%FF/history").status_code == 401
+    response = client.delete("/users/%FF/history", headers=RIGHT)
+    assert response.status_code == 422, response.text
+    assert "path.user_id: not UTF-8" in response.json()["detail"]
+    assert [e["item_id"] for e in client.get("/users/%EF%BF%BD/history").json()["items"]] == ["i1"]
+
+
+def test_a_key_no_header_carries_stops_the_server(bundle: Path, tmp_path: Path) -> None:
+    """SEQREC_API_KEY='clé' served, and every write was 401: curl sends `Bearer cl\\xc3\\xa9`, which the server
+    reads as Latin-1; only a client sending Latin-1 bytes got in, and browsers send neither."""
+    server = Server(tmp_path, artifacts=str(bundle), api_key="clé").launch()
+    try:
+        with pytest.raises(ServerError, match="exited with code"):
+            UvicornProcess.wait_ready(server, 90.0)
+    finally:
+        server.stop()
+    assert "not printable ASCII" in server.log_text()
+    assert "clé" not in server.log_text()  # a refused key stays out of the log

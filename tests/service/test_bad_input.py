@@ -178,6 +178,36 @@ def test_paths(client: httpx.Client) -> None:
     assert client.get("/recommend").status_code == 405
 
 
+NOT_UTF8 = ["%FF", "%FE", "%C0%80", "%ED%A0%80", "a%E9b"]  # then an overlong NUL, a surrogate, Latin-1 é
+
+
+def test_path_ids_that_are_not_utf8_are_422(client: httpx.Client) -> None:
+    """The server decoded each bad byte as U+FFFD: /users/%FF/history and /users/%FE/history read (and a DELETE
+    would have deleted) the history of user "\ufffd", which the JSON bodies alone could name."""
+    user = f"\ufffd-{uuid.uuid4().hex[:12]}"
+    suffix = user[1:]
+    assert client.post("/events", json={"user_id": user, "item_id": "i1"}).status_code == 200
+    for bad in NOT_UTF8:
+        for method, path, field in [("GET", f"/users/{bad}{suffix}/history", "path.user_id"),
+                                    ("DELETE", f"/users/{bad}{suffix}/history", "path.user_id"),
+                                    ("HEAD", f"/users/{bad}/history", None),
+                                    ("GET", f"/items/{bad}", "path.item_id"),
+                                    ("DELETE", f"/admin/items/{bad}", "path.item_id")]:
+            response = client.request(method, path)
+            assert response.status_code == 422, (method, path, response.text)
+            if field is not None:
+                body = _check(response, 422, field)
+                assert "not UTF-8" in body["detail"]
+                assert body["errors"][0]["type"] == "string_unicode"
+    # U+FFFD sent as its own UTF-8 bytes is that id, as in a body
+    history = client.get(f"/users/%EF%BF%BD{suffix}/history")
+    assert history.status_code == 200, history.text
+    assert (history.json()["user_id"], [e["item_id"] for e in history.json()["items"]]) == (user, ["i1"])
+    assert client.delete(f"/users/%EF%BF%BD{suffix}/history").json() == {"user_id": user, "deleted": True}
+    assert client.get("/items/%EF%BF%BD").status_code == 404  # no such item, but a valid id
+    assert client.get("/users/caf%C3%A9/history").json() == {"user_id": "café", "items": []}
+
+
 def test_no_5xx_so_far(client: httpx.Client) -> None:
     """Everything above (and whatever ran before on this server) answered below 500."""
     requests = metric_samples(client.get("/metrics").text, "seqrec_requests_total")

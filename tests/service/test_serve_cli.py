@@ -129,6 +129,34 @@ def test_a_variable_is_named_as_a_variable(bundle: Path, variable: str, value: s
     assert err[0].startswith(f"seqrec: error: invalid settings: {message}")
 
 
+@pytest.mark.parametrize("key", ["clé", "my key", "tab\tkey", "k\x7fey", "ключ"])
+def test_a_key_that_is_not_printable_ascii_is_refused(bundle: Path, key: str, capsys: pytest.CaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """SEQREC_API_KEY='clé' started, and every write was 401: curl sends the header's UTF-8 bytes, the server reads
+    them as Latin-1 ('clÃ©'), and browsers refuse to send it. The key itself stays out of the message."""
+    import service.catalog
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the key was taken: the bundle was loaded to serve")
+
+    monkeypatch.setattr(service.catalog, "load_served", never)  # the old code went on to serve
+    monkeypatch.setenv("SEQREC_API_KEY", key)
+    assert main(["serve", "--artifacts", str(bundle)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["seqrec: error: invalid settings: SEQREC_API_KEY: Value error, has a character that is not "
+                   "printable ASCII (! to ~; no spaces), which an Authorization header cannot carry as the same "
+                   "text from every client"]
+    assert key not in err[0]
+
+
+def test_every_printable_ascii_key_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.settings import Settings
+
+    key = "".join(map(chr, range(0x21, 0x7F)))
+    monkeypatch.setenv("SEQREC_API_KEY", key)
+    assert Settings().api_key_value() == key
+
+
 def test_an_empty_variable_is_an_unset_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose passes unset variables empty: SEQREC_HOST= listened on every interface (asyncio reads '' so),
     SEQREC_ARTIFACTS= served '.'."""
