@@ -35,7 +35,7 @@ case "$cmd" in
   setup) setup ;;
   demo) setup; demo "$@" ;;
   test) setup; "$VENV/bin/python" -m pytest -q "$@" ;;
-  slow) setup; "$VENV/bin/python" -m pytest -q -m slow "$@" || [ $? -eq 5 ] ;;  # 5: none marked yet
+  slow) setup; "$VENV/bin/python" -m pytest -q -m slow "$@" || [ $? -eq 5 ] ;;  # 5: no test selected
   lint) setup; "$VENV/bin/ruff" check . && "$VENV/bin/mypy" ;;
   *) sed -n '2,7p' "$0"; exit 2 ;;
 esac

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import os
 import sys
 import tempfile
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(one_run(bundle, version, code, args.rate, args.seconds, payloads))
                 print(json.dumps(runs[-1]), flush=True)
     load_after = os.getloadavg()
-    command = " ".join(["python -m offline.bench.gc_pauses", *argv])
+    command = shlex.join(["python", "-m", "offline.bench.gc_pauses", *argv])
     report = {"command": command, "cores": os.cpu_count(), "load_average_before": load_before,
               "load_average_after": load_after, "runs": runs}
     (args.out / "gc-pauses.json").write_text(json.dumps(report, indent=2))

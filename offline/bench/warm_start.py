@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,7 +68,7 @@ def report_main(args: argparse.Namespace) -> int:
     if args.yesterday:
         runs = {"yesterday (prefix data)": Path(args.yesterday), **runs}
     histories = {name: curve(path) for name, path in runs.items()}
-    record: dict[str, Any] = {"command": " ".join(["python -m offline.bench.warm_start", *sys.argv[1:]]),
+    record: dict[str, Any] = {"command": shlex.join(["python", "-m", "offline.bench.warm_start", *sys.argv[1:]]),
                               "runs": {}}
     for name, path in runs.items():
         record["runs"][name] = {"path": str(path), **summary(histories[name]),
