@@ -3,7 +3,9 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = {history: [], apiKey: null, last: null};
+// loaded: the stored user whose history was last loaded (or saved and shown again), with the entries loaded and
+// the newest stored timestamp; null before any load.
+const state = {history: [], apiKey: null, last: null, loaded: null};
 
 class ApiError extends Error {
   constructor(status, detail) {
@@ -117,6 +119,31 @@ function renderHistory(message, focusIndex = null, focusWhich = null) {
   if (focusIndex !== null) list.children[focusIndex]?.querySelector(`button.${focusWhich}`)?.focus();
   const n = state.history.length;
   $("history-status").textContent = `${message || ""} ${n} item${n === 1 ? "" : "s"} in the history.`.trim();
+  renderSource();
+}
+
+// The stored user whose history the page shows unchanged, or null: the history was edited, or none was loaded.
+// Recommend asks for that user, so the service reads the stored history and, with "Exclude", leaves out every
+// item the user has seen, not only the last max_len events the page shows.
+function loadedUser() {
+  const loaded = state.loaded;
+  if (!loaded || loaded.ids.length !== state.history.length) return null;
+  return state.history.every((item, i) => item.item_id === loaded.ids[i]) ? loaded.user : null;
+}
+
+function renderSource() {
+  const user = loadedUser();
+  const source = $("rec-source");
+  if (user !== null) {
+    source.textContent = `Recommend asks for the stored user ${user}: the service reads ${user}'s stored history`
+      + " and, with “Exclude”, leaves out every item the user has seen, beyond the events shown here.";
+  } else if (state.loaded) {
+    source.textContent = `The history is edited: Recommend sends the history shown (${state.loaded.user}'s other`
+      + ` stored items are not excluded); Save history under ${state.loaded.user} stores only the items added`
+      + " since loading.";
+  } else {
+    source.textContent = "Recommend sends the history shown.";
+  }
 }
 
 async function describe(itemId) {
@@ -128,15 +155,25 @@ async function describe(itemId) {
   }
 }
 
+// Shows `user`'s stored history (the newest max_len events) and remembers it as loaded.
+async function showStored(user, message) {
+  const body = await api(`users/${encodeURIComponent(user)}/history`);
+  // Copies, so that each loaded entry is its own object (told apart from items added later).
+  const items = (await Promise.all(body.items.map((e) => describe(e.item_id)))).map((item) => ({...item}));
+  const times = body.items.map((e) => e.timestamp).filter((t) => typeof t === "number");
+  state.history = items;
+  state.loaded = {user, ids: items.map((item) => item.item_id), entries: new Set(items),
+                  newest: times.length ? Math.max(...times) : null};
+  renderHistory(message || (items.length ? `Loaded the history of ${user}.` : `${user} has no stored history.`));
+}
+
 async function loadUser(event) {
   event.preventDefault();
   showError("");
   const user = $("user-id").value.trim();
   if (!user) return showError("Type a user id first.");
   try {
-    const body = await api(`users/${encodeURIComponent(user)}/history`);
-    state.history = await Promise.all(body.items.map((e) => describe(e.item_id)));
-    renderHistory(body.items.length ? `Loaded the history of ${user}.` : `${user} has no stored history.`);
+    await showStored(user);
   } catch (err) {
     showError(`Loading the history failed: ${err.message}`);
   }
@@ -146,15 +183,22 @@ async function saveUser() {
   showError("");
   const user = $("user-id").value.trim();
   if (!user) return showError("Type the user id to save the history under.");
-  if (!state.history.length) return showError("The history is empty: nothing to save.");
+  // Saved under the user it was loaded from, the loaded events are stored already: only the items added since go.
+  const loaded = state.loaded && state.loaded.user === user ? state.loaded : null;
+  const fresh = loaded ? state.history.filter((item) => !loaded.entries.has(item)) : state.history;
+  if (loaded && !fresh.length) {
+    return showError(`Nothing new to save: the loaded events of ${user} are stored already. Add items first.`);
+  }
+  if (!fresh.length) return showError("The history is empty: nothing to save.");
+  const kept = loaded ? state.history.filter((item) => loaded.entries.has(item)).map((item) => item.item_id) : [];
+  const edited = loaded && kept.join("\n") !== loaded.ids.join("\n");
+  // Timestamps keep the order; events are appended to what the user already has stored (after its newest one).
   const now = Date.now() / 1000;
-  // Timestamps keep the order; events are appended to what the user already has stored.
-  const events = state.history.map((item, i) => ({user_id: user, item_id: item.item_id,
-                                                   timestamp: now - state.history.length + i}));
+  const first = Math.max(now - fresh.length, loaded && loaded.newest !== null ? loaded.newest + 1 : 0);
+  const events = fresh.map((item, i) => ({user_id: user, item_id: item.item_id, timestamp: first + i}));
+  let body;
   try {
-    const body = await api("events", {method: "POST", body: JSON.stringify({events})});
-    $("key-row").hidden = true;
-    $("history-status").textContent = `Saved ${body.stored} events for ${user}.`;
+    body = await api("events", {method: "POST", body: JSON.stringify({events})});
   } catch (err) {
     if (err.status === 401) {
       state.apiKey = null;
@@ -164,6 +208,16 @@ async function saveUser() {
     } else {
       showError(`Saving failed: ${err.message}`);
     }
+    return;
+  }
+  $("key-row").hidden = true;
+  const saved = `Saved ${body.stored} ${loaded ? "new " : ""}event${body.stored === 1 ? "" : "s"} for ${user}`
+    + (edited ? " (removing or moving loaded items changes no stored event)." : ".");
+  try {
+    await showStored(user, `${saved} The history shown is ${user}'s stored one.`);
+  } catch (err) {
+    $("history-status").textContent = saved;
+    showError(`Reading the saved history back failed: ${err.message}`);
   }
 }
 
@@ -174,9 +228,12 @@ function saveWithKey() {
 
 // --- recommendations ---
 
-function request(rerank) {
+function request(rerank, user) {
   const k = Number($("k").value);
-  return {history: state.history.map((item) => item.item_id), k: Number.isInteger(k) ? k : 10, rerank,
+  // A loaded, unedited history is asked for by user: the service then reads the whole stored history (its seen
+  // set), which the page's window of the last max_len events does not carry.
+  const source = user !== null ? {user_id: user} : {history: state.history.map((item) => item.item_id)};
+  return {...source, k: Number.isInteger(k) ? k : 10, rerank,
           exclude_seen: $("exclude-seen").checked, personalize: $("personalize").checked};
 }
 
@@ -190,9 +247,10 @@ async function recommend(event) {
   button.disabled = true;
   try {
     // One after the other: sent together they would share a micro-batch, and its stage timings.
-    const retrieved = await api("recommend", {method: "POST", body: JSON.stringify(request(false))});
-    const reranked = await api("recommend", {method: "POST", body: JSON.stringify(request(true))});
-    state.last = {retrieved, reranked};
+    const user = loadedUser();
+    const retrieved = await api("recommend", {method: "POST", body: JSON.stringify(request(false, user))});
+    const reranked = await api("recommend", {method: "POST", body: JSON.stringify(request(true, user))});
+    state.last = {retrieved, reranked, user, excluded: $("exclude-seen").checked};
     renderResults();
   } catch (err) {
     showError(`Recommend failed: ${err.message}`);
@@ -232,7 +290,7 @@ function renderList(list, response, other) {
 
 function renderResults() {
   if (!state.last) return;
-  const {retrieved, reranked} = state.last;
+  const {retrieved, reranked, user, excluded} = state.last;
   const compare = $("rerank").checked;
   renderList($("retrieved"), retrieved, reranked);
   renderList($("reranked"), reranked, retrieved);
@@ -241,6 +299,9 @@ function renderResults() {
   $("retrieved-col").hidden = false;
   $("reranked-col").hidden = !compare;
   const notes = [`Model ${retrieved.model_version}; the model read ${retrieved.history_used} history items.`];
+  if (user !== null) {
+    notes.push(`Asked for the stored user ${user}${excluded ? ", every item it has seen excluded" : ""}.`);
+  }
   if (retrieved.fallback) notes.push("No known history item: the most popular items.");
   if (retrieved.unknown_items.length) notes.push(`Unknown to the model: ${retrieved.unknown_items.join(", ")}.`);
   if (compare && !reranked.reranked && !reranked.fallback) notes.push("This bundle has no ranker: no reranking.");

@@ -2,7 +2,9 @@
 against a real server on the tiny bundle with its LightGBM ranker (or, with SEQREC_WEB_TEST_ARTIFACTS=DIR, on
 the bundle DIR serves, e.g. the demo's): search, add three items (one by keyboard),
 recommend, compare the retriever's and the reranker's orders, toggle rerank, reorder and remove, ask for the API
-key on a save. Screenshots go to ``test-artifacts/web/`` at the repository root (ignored by git).
+key on a save; a loaded user (more events stored than the max_len the page shows) is asked for by id, so nothing
+it has seen comes back, and a save after a load appends only the items added. Screenshots go to
+``test-artifacts/web/`` at the repository root (ignored by git).
 
 Without /usr/bin/chromium the test is skipped, except in CI (``CI=true``), where it fails."""
 
@@ -247,3 +249,104 @@ def test_load_a_stored_history_and_save_with_the_key(driver: Any, keyed: Server)
     # 401s in the console are the expected first save; nothing else may fail.
     assert not [e for e in _console_errors(driver) if "401" not in e]
 
+
+
+def _post_events(server: Server, user: str, items: list[str], start: float) -> None:
+    events = [{"user_id": user, "item_id": item, "timestamp": start + n} for n, item in enumerate(items)]
+    assert httpx.post(f"{server.url}/events", json={"events": events}).status_code == 200
+
+
+def _stored(server: Server, user: str) -> list[str]:
+    return [e["item_id"] for e in httpx.get(f"{server.url}/users/{user}/history").json()["items"]]
+
+
+def _recommend_ids(server: Server, body: dict[str, Any]) -> list[str]:
+    answer = httpx.post(f"{server.url}/recommend", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return [item["item_id"] for item in answer.json()["items"]]
+
+
+def test_a_loaded_user_is_asked_for_by_id_so_nothing_seen_before_the_window_comes_back(
+        driver: Any, page_api: Server) -> None:
+    """GET /users/{id}/history shows only the last max_len events: sent back as `history`, the earlier ones (the
+    user's stored seen set) were not excluded. Stored before the window here: the very items the retriever and the
+    ranker put first for the window alone."""
+    from selenium.webdriver.common.by import By
+
+    api, user, k = page_api, "web-carol-seen", 10
+    max_len = httpx.get(f"{api.url}/readyz").json()["max_len"]
+    window = [i["item_id"] for i in httpx.get(f"{api.url}/items", params={"limit": max_len}).json()["items"]]
+    earlier = list(dict.fromkeys(
+        _recommend_ids(api, {"history": window, "k": k, "rerank": False, "exclude_seen": True})
+        + _recommend_ids(api, {"history": window, "k": k, "rerank": True, "exclude_seen": True})))
+    _post_events(api, user, earlier, 1000)
+    _post_events(api, user, window, 2000)
+    assert len(earlier) + len(window) > max_len
+    assert _stored(api, user) == window  # what the page can load: the window alone
+    seen = {*earlier, *window}
+    by_user = [_recommend_ids(api, {"user_id": user, "k": k, "rerank": rerank}) for rerank in (False, True)]
+    assert by_user[0]
+    assert by_user[1]
+    assert not seen & {*by_user[0], *by_user[1]}
+
+    driver.get(f"{api.url}/")
+    _wait(driver, lambda d: "ranker" in d.find_element(By.ID, "model").text, "the model line")
+    driver.find_element(By.ID, "user-id").send_keys(user)
+    driver.find_element(By.ID, "load-user").click()
+    _wait(driver, lambda d: _ids(d, "history") == window, "the stored window")
+    driver.find_element(By.ID, "k").clear()
+    driver.find_element(By.ID, "k").send_keys(str(k))
+    driver.find_element(By.ID, "recommend").click()
+    _wait(driver, lambda d: len(_ids(d, "reranked")) == k and len(_ids(d, "retrieved")) == k, "both orders")
+    shown = [_ids(driver, "retrieved"), _ids(driver, "reranked")]
+    assert not seen & {*shown[0], *shown[1]}, f"items {user} has seen came back: {seen & {*shown[0], *shown[1]}}"
+    assert shown == by_user  # exactly the service's answer for the user
+    assert f"stored user {user}" in driver.find_element(By.ID, "rec-status").text
+    assert user in driver.find_element(By.ID, "rec-source").text
+
+    # Edited (the oldest item removed), the history shown is sent as it is.
+    driver.find_element(By.CSS_SELECTOR, "#history > li:nth-child(1) button.remove").click()
+    assert _ids(driver, "history") == window[1:]
+    assert "edited" in driver.find_element(By.ID, "rec-source").text
+    by_history = [_recommend_ids(api, {"history": window[1:], "k": k, "rerank": rerank, "exclude_seen": True})
+                  for rerank in (False, True)]
+    driver.find_element(By.ID, "recommend").click()
+    _wait(driver, lambda d: [_ids(d, "retrieved"), _ids(d, "reranked")] == by_history, "the edited history's orders")
+    assert "stored user" not in driver.find_element(By.ID, "rec-status").text
+    assert not _console_errors(driver)
+
+
+def test_save_after_load_appends_only_the_items_added(driver: Any, page_api: Server) -> None:
+    from selenium.webdriver.common.by import By
+
+    api, user = page_api, "web-dave-saves"
+    popular = [i["item_id"] for i in httpx.get(f"{api.url}/items", params={"limit": 5}).json()["items"]]
+    stored, added = popular[:3], popular[3]
+    _post_events(api, user, stored, 1000)
+    driver.get(f"{api.url}/")
+    driver.find_element(By.ID, "user-id").send_keys(user)
+    driver.find_element(By.ID, "load-user").click()
+    _wait(driver, lambda d: _ids(d, "history") == stored, "the stored history")
+
+    def answered(d: Any) -> bool:
+        return d.find_element(By.ID, "error").is_displayed() or "Saved" in d.find_element(By.ID, "history-status").text
+
+    # Nothing added: nothing to save, and nothing is stored again.
+    driver.find_element(By.ID, "save-user").click()
+    _wait(driver, answered, "the save's answer")
+    assert _stored(api, user) == stored
+    assert "Nothing new to save" in driver.find_element(By.ID, "error").text
+
+    # A loaded item removed and one added: only the added one is stored (events are appended, never deleted).
+    driver.find_element(By.CSS_SELECTOR, "#history > li:nth-child(1) button.remove").click()
+    _add_by_search(driver, added, keyboard=False)
+    _wait(driver, lambda d: _ids(d, "history") == [*stored[1:], added], "the edited history")
+    driver.find_element(By.ID, "save-user").click()
+    _wait(driver, answered, "the save's answer")
+    assert not driver.find_element(By.ID, "error").is_displayed(), driver.find_element(By.ID, "error").text
+    assert _stored(api, user) == [*stored, added]
+    assert "Saved 1 new event" in driver.find_element(By.ID, "history-status").text
+    # The page shows what is stored now, and asks for the user again.
+    _wait(driver, lambda d: _ids(d, "history") == [*stored, added], "the stored history read back")
+    assert user in driver.find_element(By.ID, "rec-source").text
+    assert not _console_errors(driver)
