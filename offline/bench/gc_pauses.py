@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import os
+import shlex
 import sys
 import tempfile
 import time

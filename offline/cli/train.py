@@ -200,10 +200,14 @@ def _evaluate(args: argparse.Namespace) -> int:
         print_json({"data": str(args.data), **result})
         return 0
     if args.artifact is not None:
+        from offline.jobs.evaluate import served_index_metrics
         from offline.jobs.train import evaluate_artifact
 
         result = evaluate_artifact(args.artifact, data, ks=ks, use_index=not args.no_index,
                                    batch_size=args.batch_size)
+        served = None if args.no_index else served_index_metrics(args.artifact, data, ks)
+        if served is not None:  # the catalogue journal applied, as the service retrieves
+            result["index"].update(served)
         print_json({"data": str(args.data), **result})
         return 0
     from retriever.popularity import Popularity

@@ -75,6 +75,17 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
     return result
 
 
+def served_index_metrics(bundle: Path, data: PreparedDataset, ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any] | None:
+    """The retriever's metrics through the FAISS index as the service retrieves, with the bundle's catalogue journal
+    applied (items retired and added through the admin routes); None when the journal holds no change (then
+    `offline.jobs.train.index_metrics` of the artifact is the served figure)."""
+    changes = read_journal(bundle)
+    if not (changes.added or changes.retired):
+        return None
+    served = evaluate_bundle(bundle, data, stage="retriever", depth=max(ks), ks=ks)
+    return {key: served[key] for key in ("catalogue", "valid", "test")}
+
+
 def two_stage_top(bundle: Path, data: PreparedDataset, *, split: str = "test", k: int = 10,
                   depth: int | None = None) -> tuple[Reranked, np.ndarray]:
     """Each ``split`` user's top k as `evaluate_bundle` ranks them (its ranks too), and the targets."""

@@ -226,20 +226,5 @@ def evaluate_artifact(path: Path, data: PreparedDataset, *, ks: tuple[int, ...] 
     result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest.version,
                               **repeat_record(artifact, data), **dense}
     if use_index:
-        result["index"] = {"spec": artifact.manifest.index, **_served_index_metrics(path, artifact, data, ks)}
+        result["index"] = {"spec": artifact.manifest.index, **index_metrics(artifact, split, ks=ks)}
     return result
-
-
-def _served_index_metrics(path: Path, artifact: RetrieverArtifact, data: PreparedDataset,
-                          ks: tuple[int, ...]) -> dict[str, Any]:
-    """The metrics through the FAISS index, as the service retrieves: with the bundle's catalogue journal
-    (items retired and added through the admin routes) applied when it holds any change."""
-    from service.catalog import read_journal
-
-    changes = read_journal(path)
-    if not (changes.added or changes.retired):
-        return index_metrics(artifact, data.split(), ks=ks)
-    from offline.jobs.evaluate import evaluate_bundle
-
-    served = evaluate_bundle(path, data, stage="retriever", depth=max(ks), ks=ks)
-    return {key: served[key] for key in ("catalogue", "valid", "test")}

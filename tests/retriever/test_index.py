@@ -128,6 +128,7 @@ def test_an_ivf_search_that_comes_back_short_probes_every_list() -> None:
     exact = build_index(items, IndexSpec(kind="flat"))
     for exclude, want in ((None, 200), ([np.array([0, 0, 5])] * 3, 198)):
         scores, rows = search(index, items[:3], 200, exclude=exclude)
+        assert np.isfinite(scores[rows >= 0]).all()
         assert ((rows >= 0).sum(axis=1) == want).all()
         expected = search(exact, items[:3], 200, exclude=exclude)[1]
         assert [set(r[r >= 0]) for r in rows] == [set(r[r >= 0]) for r in expected]
