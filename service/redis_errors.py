@@ -55,8 +55,12 @@ def redact_url(url: str) -> str:
 
 
 def redis_state(error: BaseException) -> str:
-    """What a Redis error says of the server, for a message: "is unreachable", "refuses writes" or "refused the
-    request" (an error it answered: a password, a database number it lacks, an ACL's NOPERM)."""
+    """What a Redis error says of the server, for a message: "is unreachable", "did not answer in time", "refuses
+    writes" or "refused the request" (an error it answered: a password, a database number it lacks, an ACL's
+    NOPERM)."""
+    if isinstance(error, rex.TimeoutError | TimeoutError):
+        # the command was sent: Redis may still run it (an append script once Redis resumes), so say so
+        return "did not answer in time (a write may still be applied)"
     if isinstance(error, UNREACHABLE) and not isinstance(error, REFUSED):
         return "is unreachable"
     return "refuses writes" if isinstance(error, REFUSES_WRITES) else "refused the request"

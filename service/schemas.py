@@ -358,7 +358,10 @@ UNAUTHORIZED: Responses = {401: {"model": Problem, "headers": {"WWW-Authenticate
                                   "description": "SEQREC_API_KEY is set and `Authorization: Bearer <key>` is not"}}
 TOO_LARGE: Responses = {413: {"description": "body over SEQREC_MAX_BODY_BYTES", "content": TEXT}}
 STORE_DOWN: Responses = {503: {"model": Problem, "headers": {"Retry-After": {"schema": {"type": "integer"}}},
-                                "description": "history store unreachable: nothing was read or stored, retry"}}
+                                "description": "history store unreachable, refusing writes or too slow: retry. "
+                                               "Refused, a write stored nothing; timed out (the detail says 'did "
+                                               "not answer in time'), it may still be stored, and a retry can "
+                                               "store an event without a timestamp twice"}}
 FOREIGN: Responses = {409: {"model": Problem, "description": "the user's stored history holds values seqrec did not "
                                                              "write (another program's, under the key prefix); "
                                                              "DELETE /users/{user_id}/history clears it"}}

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import signal
 import socket
 import time
 from collections.abc import Awaitable
@@ -254,10 +256,32 @@ async def test_hung_redis_times_out_and_hides_password() -> None:
         store = RedisStore(f"redis://:s3cret@127.0.0.1:{port}/0", timeout_ms=200)
         try:
             error = await _fails_fast(store.history("u1"), limit_s=0.6)
-            assert f"Redis at redis://:***@127.0.0.1:{port}/0 is unreachable" in str(error)
+            assert f"Redis at redis://:***@127.0.0.1:{port}/0 did not answer in time" in str(error)
             assert "s3cret" not in str(error)
             await _fails_fast(store.append("u1", [Event("1")], max_len=5), limit_s=0.6)
             assert await store.ping() is False
         finally:
             with contextlib.suppress(Exception):
                 await store.close()
+
+
+async def test_a_hung_redis_times_out_saying_the_write_may_still_be_stored(redis_server: RedisServer) -> None:
+    """A stopped (not dead) Redis: the append times out, and Redis runs it once it resumes. The 503 said
+    "nothing was read or stored, retry", so a retry stored an event without a timestamp twice; it says now that
+    the write may still be applied."""
+    store = RedisStore(f"redis://127.0.0.1:{redis_server.port}/0", prefix="t:", timeout_ms=250)
+    assert redis_server.proc is not None
+    try:
+        assert await store.append("u", [Event("1")], max_len=5) == 1
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreUnavailable, match=r"did not answer in time \(a write may still be applied\)"):
+                await store.append("u", [Event("2")], max_len=5)
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while _ids(await store.history("u")) != ["1", "2"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert _ids(await store.history("u")) == ["1", "2"]  # what the message warns of
+    finally:
+        await store.close()
