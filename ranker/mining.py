@@ -114,6 +114,7 @@ def mine(
     from retriever.index import search
 
     n = len(target)
+    banned_rows = np.zeros(0, dtype=np.int64) if banned is None else np.asarray(banned, dtype=np.int64) - 1
     candidates = np.zeros((n, depth), dtype=np.int64)
     scores = np.zeros((n, depth), dtype=np.float32)
     order = np.argsort(end - start, kind="stable")  # similar lengths per batch: less padding
@@ -123,8 +124,8 @@ def mine(
             queries = encode(torch.from_numpy(padded_slices(items, start[rows], end[rows], max_len)))
             exclude = [items[s:e] - 1 if exclude_seen else items[s:s] for s, e in zip(start[rows], end[rows],
                                                                                         strict=True)]
-            if banned is not None and len(banned):
-                exclude = [np.union1d(seen, banned - 1) for seen in exclude]
+            if len(banned_rows):
+                exclude = [np.union1d(seen, banned_rows) for seen in exclude]
             found_scores, found = search(index, queries.float().cpu().numpy(), depth, exclude=exclude)
             width = found.shape[1]
             candidates[rows, :width] = np.where(found >= 0, found + 1, 0)

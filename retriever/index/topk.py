@@ -64,15 +64,21 @@ def _probe_every_list(index: faiss.Index, q: np.ndarray, k: int, exclude: Sequen
     got fewer than k. Those queries are searched again over every list (in place), so a list comes back short
     only when the catalogue is: what the service promises (k whenever k eligible items remain), and what mining
     and evaluation, which search here too, count. Only a CPU IVF index without wrappers takes the parameter."""
-    core = unwrap(index)
-    if kind_of(index) != "ivf" or is_gpu_index(index) or type(faiss.downcast_index(index)) is not type(core):
+    if kind_of(index) != "ivf" or is_gpu_index(index):
         return
+    core = unwrap(index)
     leaf = cast(Any, core)
+    if type(faiss.downcast_index(index)) is not type(core) or leaf.nprobe >= leaf.nlist:
+        return
+    found = (rows >= 0).sum(axis=1)
+    maybe = np.flatnonzero(found < k)  # only these can be short; their exclusions are counted below
+    if maybe.size == 0:
+        return
     n_rows = int(index.ntotal)
-    lost = np.zeros(len(q), dtype=np.int64) if exclude is None else np.array([np.unique(e).size for e in exclude],
-                                                                              dtype=np.int64)
-    short = np.flatnonzero((rows >= 0).sum(axis=1) < np.minimum(k, n_rows - lost))
-    if short.size == 0 or leaf.nprobe >= leaf.nlist:
+    lost = np.zeros(maybe.size, dtype=np.int64) if exclude is None else np.array(
+        [np.unique(exclude[int(i)]).size for i in maybe], dtype=np.int64)
+    short = maybe[found[maybe] < np.minimum(k, n_rows - lost)]
+    if short.size == 0:
         return
     every: Any = faiss  # faiss's type stubs omit the search parameters' keyword arguments
     params = every.SearchParametersIVF(nprobe=int(leaf.nlist))
