@@ -1,6 +1,7 @@
 """Publish broken bundles under steady load: each is refused with its reason, the old model keeps serving.
 
-    python -m offline.bench.bad_push --artifacts /tmp/rel-artifacts --rate 50
+    python -m offline.bench.bad_push --artifacts /tmp/rel-artifacts --rate 50 \
+        [--out docs/results/reliability/bad-push.json]
 
 Takes the two newest versions of ARTIFACTS (a pipeline's output; `seqrec pipeline --config CONFIG`
 trains what is missing) as v1 and v2, and serves v1 from a temporary artifacts folder whose
@@ -9,17 +10,20 @@ one after the other, a truncated bundle (retriever.pt cut in half), a checksum-m
 byte of items.faiss flipped), a shape-mismatched one (d_model doubled in config.json, checksum
 rewritten) and an incomplete one (items.faiss missing): each time `current` is switched to it,
 POST /admin/reload must answer 409 with the reason, and `current` is switched back. Then v2 is
-published the same way and must answer 200. Prints a JSON report (`offline.bench.bad_push.bad_push`) and exits 1
-when a target is missed: every broken bundle refused with its reason, every request answered 2xx,
-by v1 until the good push and by v2 after it, no traceback in the server's log.
+published the same way and must answer 200. Prints a JSON report (`offline.bench.bad_push.bad_push`;
+also written to --out) and exits 1 when a target is missed: every broken bundle refused with its
+reason, every request answered 2xx, by v1 until the good push and by v2 after it, no traceback in
+the server's log.
 `tests/service/test_faults.py` runs the same scenario in small.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from offline.bench.load import Answer, LoadRun, Marks, get_json, open_loop, summary
 from offline.bench.payloads import load_catalogue
 from offline.bench.reliability import (
+    Started,
     check_log,
     ensure_versions,
     history_calls,
@@ -175,13 +180,19 @@ def _reload_timeout() -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=300)  # loading and smoke-testing a real bundle takes seconds, not 2
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     parser = scenario_parser(__doc__, threads_help="training threads, when versions must be trained")
     parser.add_argument("--rate", type=float, default=50.0, help="requests per second")
     parser.add_argument("--lead", type=float, default=5.0, help="seconds of load before the first push")
     parser.add_argument("--gap", type=float, default=3.0, help="seconds of load between pushes")
     parser.add_argument("--tail", type=float, default=10.0, help="seconds of load after the good push")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = Started()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
     from offline.jobs.versions import switch_current
 
     v1, v2 = ensure_versions(args.artifacts, args.config, 2, args.threads)[-2:]
@@ -194,7 +205,7 @@ def main() -> int:
             report = bad_push(server.url, root, v1, broken, v2, catalogue.tolist(), rate=args.rate,
                               lead_s=args.lead, gap_s=args.gap, tail_s=args.tail, seed=args.seed)
             check_log(report, server)
-    return print_report(report, v1=str(v1), v2=str(v2))
+    return print_report(report, "offline.bench.bad_push", argv, args.out, **started.head(), v1=str(v1), v2=str(v2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Kill Redis under steady mixed load and restart it: nothing acknowledged may be lost.
 
-    python -m offline.bench.redis_faults --artifacts /tmp/rel-artifacts --rate 60 --before 20 --down 10 --after 20
+    python -m offline.bench.redis_faults --artifacts /tmp/rel-artifacts --rate 60 --before 20 --down 10 --after 20 \
+        [--out docs/results/reliability/redis-faults.json]
 
 Serves ARTIFACTS/current (trained first with `seqrec pipeline --config CONFIG` when there is none)
 with SEQREC_REDIS_URL pointing at a redis-server of this script's own on a free port (no RDB
@@ -8,17 +9,20 @@ snapshots; an append-only file in a temporary folder, fsynced on every write). O
 Poisson load mixing requests that carry their history, user_id-only requests and POST /events (a
 unique item per event), kills Redis with SIGKILL --before seconds in, keeps it down --down seconds,
 restarts it on the same port and keeps the load on --after seconds more. Prints a JSON report
-(`offline.bench.redis_faults.redis_faults`) and exits 1 when a target is missed: history-carrying requests never fail;
-user_id-only requests and events get 503 during the outage and 2xx before and after it; every
-event acknowledged with 2xx is in Redis afterwards; no traceback in the server's log.
+(`offline.bench.redis_faults.redis_faults`; also written to --out) and exits 1 when a target is
+missed: history-carrying requests never fail; user_id-only requests and events get 503 during the
+outage and 2xx before and after it; every event acknowledged with 2xx is in Redis afterwards; no
+traceback in the server's log.
 `tests/service/test_faults.py` runs the same scenario in small.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
+import sys
 import tempfile
 import time
 import uuid
@@ -32,6 +36,7 @@ from offline.bench.load import Answer, Call, LoadRun, Marks, get_json, open_loop
 from offline.bench.payloads import load_catalogue
 from offline.bench.processes import RedisProcess, free_port
 from offline.bench.reliability import (
+    Started,
     check_log,
     current_bundle,
     history_calls,
@@ -153,12 +158,13 @@ def redis_faults(url: str, redis_server: RedisProcess, catalogue: Sequence[str],
 
 
 def _judge(run: LoadRun, events: Mapping[str, Any], max_len: int) -> tuple[dict[str, Any], dict[str, bool]]:
-    """Answers by kind and phase (``_fault_phase``), and the scenario's checks."""
+    """Answers by kind and phase (``_fault_phase``; "all": every phase together), and the scenario's checks."""
     groups: dict[tuple[str, str], list[Answer]] = {(kind, name): [] for kind in _MixedLoad.KINDS for name in PHASES}
     for a in run.answers:
         groups[a.call.kind, _fault_phase(a, run.marks)].append(a)
-    table = {kind: {name: {**summary(groups[kind, name]), "n_503": sum(a.status == 503 for a in groups[kind, name])}
-                    for name in PHASES} for kind in _MixedLoad.KINDS}
+    table = {kind: {name: _counts(groups[kind, name]) for name in PHASES} for kind in _MixedLoad.KINDS}
+    for kind in _MixedLoad.KINDS:
+        table[kind]["all"] = _counts([a for name in PHASES for a in groups[kind, name]])
     store_kinds = ("user", "event")
     outage = [groups[k, "outage"] for k in store_kinds]
     checks = {
@@ -171,6 +177,10 @@ def _judge(run: LoadRun, events: Mapping[str, Any], max_len: int) -> tuple[dict[
         "no_history_trimmed": events["longest_writer_history"] < max_len,
     }
     return table, checks
+
+
+def _counts(answers: Sequence[Answer]) -> dict[str, Any]:
+    return {**summary(answers), "n_503": sum(a.status == 503 for a in answers)}
 
 
 def _compare_with_redis(redis_url: str, prefix: str, acked: Mapping[str, set[str]], answers: Sequence[Answer],
@@ -198,20 +208,24 @@ def _compare_with_redis(redis_url: str, prefix: str, acked: Mapping[str, set[str
     }
 
 
-# --------------------------------------------------------------------------- bad model pushes
-
-
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     parser = scenario_parser(__doc__)
     parser.add_argument("--rate", type=float, default=60.0, help="requests per second, all kinds together")
     parser.add_argument("--before", type=float, default=20.0, help="seconds of load before the kill")
     parser.add_argument("--down", type=float, default=10.0, help="seconds Redis stays down")
     parser.add_argument("--after", type=float, default=20.0, help="seconds of load after the restart")
     parser.add_argument("--mix", default="0.5,0.25,0.25", help="shares of history, user_id-only and event requests")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = Started()
+    argv = sys.argv[1:] if argv is None else argv
+    options = parser()
+    args = options.parse_args(argv)
     shares = tuple(float(x) for x in args.mix.split(","))
     if len(shares) != 3 or min(shares) < 0 or sum(shares) <= 0:
-        parser.error(f"--mix {args.mix!r}: three non-negative shares")
+        options.error(f"--mix {args.mix!r}: three non-negative shares")
 
     bundle = current_bundle(args)
     catalogue = load_catalogue(bundle)
@@ -222,7 +236,7 @@ def main() -> int:
                                   down_s=args.down, after_s=args.after, seed=args.seed,
                                   shares=(shares[0], shares[1], shares[2]))
             check_log(report, server)
-    return print_report(report, bundle=str(bundle))
+    return print_report(report, "offline.bench.redis_faults", argv, args.out, **started.head(), bundle=str(bundle))
 
 
 if __name__ == "__main__":

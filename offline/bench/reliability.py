@@ -4,6 +4,9 @@
 scenario (a function `tests/service/test_faults.py` runs in small) and the script that runs it at
 full length: train what is missing with `seqrec pipeline`, serve it, warm it up, run the scenario,
 check the server's log for tracebacks, print a JSON report and exit 1 when a target was missed.
+With --out FILE the report is also written to FILE (atomically), as the files under
+docs/results/reliability/ are; `offline.bench.training_faults` and `offline.bench.retrain_reload`
+report the same way.
 """
 
 from __future__ import annotations
@@ -11,9 +14,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +32,7 @@ from offline.bench.payloads import short_payloads
 from offline.bench.processes import SERVICE_APP, RunningServer, start_server_process
 from offline.cli.common import SEED
 from offline.jobs.versions import CURRENT, VERSIONS
+from retriever.atomic import atomic_write
 from retriever.errors import SeqrecError
 
 
@@ -77,7 +86,13 @@ def scenario_parser(doc: str | None, threads_help: str = "training threads, when
     parser.add_argument("--config", type=Path, default=Path("configs/pipeline/demo.yaml"))
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--threads", type=int, default=1, help=threads_help)
+    add_out_option(parser)
     return parser
+
+
+def add_out_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the JSON report to this file (atomically), with the command that made it")
 
 
 @contextlib.contextmanager
@@ -105,8 +120,40 @@ def check_log(report: dict[str, Any], server: RunningServer) -> None:
     add_check(report, "no_traceback_in_server_log", not log_problems(server.log))
 
 
-def print_report(report: Mapping[str, Any], **head: Any) -> int:
-    """The report (after ``head``: the command line and what it ran on) as JSON on stdout; 0 when it passed."""
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), **head, **report}
+@dataclass(frozen=True)
+class Started:
+    """When a script began and the machine's load then: what its report says about the run."""
+
+    at: float = field(default_factory=time.perf_counter)
+    load_avg: tuple[float, float, float] = field(default_factory=os.getloadavg)
+
+    def head(self) -> dict[str, Any]:
+        """The run's wall time and the machine: its cores and the load averages (1, 5, 15 min) before and after."""
+        return {"seconds": round(time.perf_counter() - self.at, 1),
+                "machine": {"cpus": os.cpu_count(), "load_avg_before": [round(x, 2) for x in self.load_avg],
+                            "load_avg_after": [round(x, 2) for x in os.getloadavg()]}}
+
+
+def recorded_command(module: str, argv: Sequence[str]) -> str:
+    """`python -m MODULE ARGS`, quoted so that it parses again (a --note with spaces stays one argument)."""
+    return shlex.join(["python", "-m", module, *argv])
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    """``payload`` as indented JSON in ``path``, written atomically (its folder made first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload, indent=2, default=str) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def print_report(report: Mapping[str, Any], module: str, argv: Sequence[str] | None = None, out: Path | None = None,
+                 **head: Any) -> int:
+    """The report (after ``head``: the command line, when it ended and what it ran on) as JSON on stdout, and in
+    ``out`` when given (a failed run's report too); 0 when it passed. ``argv``: the script's arguments
+    (default sys.argv[1:])."""
+    command = recorded_command(module, sys.argv[1:] if argv is None else argv)
+    report = {"command": command, "date": datetime.now(UTC).isoformat(timespec="seconds"), **head, **report}
     print(json.dumps(report, indent=2, default=str))
+    if out is not None:
+        write_json(out, report)
     return 0 if report.get("passed") else 1

@@ -1,6 +1,6 @@
 """Soak: minutes of steady load at half the maximum sustained rate; latency and memory must hold.
 
-    python -m offline.bench.soak --artifacts /tmp/rel-artifacts --minutes 10 --wait-idle 40
+    python -m offline.bench.soak --artifacts /tmp/rel-artifacts --minutes 10 --wait-idle 40 [--out FILE]
 
 Serves ARTIFACTS/current (trained first with `seqrec pipeline --config CONFIG` when there is none).
 Without --rate, first finds the highest rate the service sustains with p99 <= --p99-ms and no error
@@ -175,7 +175,7 @@ def main() -> int:
     machine = {"cpus": os.cpu_count(), "load_avg_before": [round(x, 2) for x in load_before],
                "load_avg_after": [round(x, 2) for x in os.getloadavg()], "waited_for_idle_s": round(waited_s),
                "trainings_running_at_start": busy}
-    return print_report(report, bundle=str(bundle), machine=machine, probe=probe)
+    return print_report(report, "offline.bench.soak", out=args.out, bundle=str(bundle), machine=machine, probe=probe)
 
 
 if __name__ == "__main__":
