@@ -8,29 +8,37 @@ with a 4xx, schema-valid ones accepted, auth enforced where the schema declares 
 
     pytest tests/service/test_fuzz.py            # fast: ~400 requests
     pytest tests/service/test_fuzz.py -m slow    # >= 1,000 requests, figures printed
+    SEQREC_FUZZ_OUT=docs/results/reliability/fuzz.json pytest tests/service/test_fuzz.py -m slow -s
+                                                 # ... and written to that file, with the command (FUZZ_OUT)
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 import pytest
 
+from offline.bench.reliability import Started, write_json
 from tests.service.support import Server, serving
 
 KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+FUZZ_OUT = "SEQREC_FUZZ_OUT"  # a file for the slow run's counts (docs/results/reliability/fuzz.json is one)
 
 
 @dataclass(frozen=True)
@@ -152,22 +160,43 @@ SLOW = [
 ]
 
 
+def _statuses(counts: Counter[int]) -> dict[str, int]:
+    return {str(status): n for status, n in sorted(counts.items())}
+
+
+def fuzz_record(command: str, runs: Sequence[tuple[Run, Counter[tuple[str, int]]]],
+                operations: Mapping[str, Counter[int]], started: Started) -> dict[str, Any]:
+    """What `FUZZ_OUT` receives: each run's requests by status, the totals, and each operation's. It is written only
+    once every run passed (schemathesis found nothing, no answer >= 500), so both counts are 0 by then."""
+    totals = sum((counts for _, counts in runs), Counter[tuple[str, int]]())
+    return {
+        "command": command, **started.head(),
+        "runs": [{"name": run.name, "key_sent": run.key is not None, "open_server": run.open_server,
+                  "phases": run.phases, "max_examples": run.examples, "seed": run.seed,
+                  "requests": sum(counts.values()), "by_status": _statuses(by_status(counts))} for run, counts in runs],
+        "requests": sum(totals.values()), "by_status": _statuses(by_status(totals)),
+        "responses_5xx": sum(n for (_, status), n in totals.items() if status >= 500), "schemathesis_findings": 0,
+        "operations": {name: {"requests": sum(statuses.values()), "by_status": _statuses(statuses)}
+                       for name, statuses in operations.items()},
+    }
+
+
 @pytest.mark.slow
-def test_fuzz_thousands(keyed: Server, bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fuzz_thousands(keyed: Server, bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                        request: pytest.FixtureRequest) -> None:
     """>= 1,000 requests over every operation: every phase with the key, then without it, then against a server
-    that has no key at all."""
-    totals: Counter[tuple[str, int]] = Counter()
-    lines = []
+    that has no key at all. With SEQREC_FUZZ_OUT=FILE the counts are also written to FILE (`fuzz_record`)."""
+    started = Started()
+    runs = []
     for run in SLOW:
         workdir = tmp_path / f"seed-{run.seed}"
         if run.open_server:
             copy = shutil.copytree(bundle, workdir / "bundle")  # its catalogue changes stay in the copy
             with serving(workdir / "server", artifacts=str(copy)) as server:
-                counts = fuzz(server, run, workdir)
+                runs.append((run, fuzz(server, run, workdir)))
         else:
-            counts = fuzz(keyed, run, workdir)
-        totals += counts
-        lines.append(_summary(run.name, counts))
+            runs.append((run, fuzz(keyed, run, workdir)))
+    totals = sum((counts for _, counts in runs), Counter[tuple[str, int]]())
 
     assert_no_server_errors(totals)
     assert sum(totals.values()) >= 1000, totals
@@ -178,9 +207,31 @@ def test_fuzz_thousands(keyed: Server, bundle: Path, tmp_path: Path, capsys: pyt
     for (route, status), n in totals.items():
         operations[route if route in operations else other][status] += n
     with capsys.disabled():
-        print("\nschema fuzzing:", *lines, _summary("total", totals), sep="\n  ")
+        print("\nschema fuzzing:", *(_summary(run.name, counts) for run, counts in runs),
+              _summary("total", totals), sep="\n  ")
         for name, statuses in operations.items():
             print(f"    {name}: {sum(statuses.values())} requests, {dict(sorted(statuses.items()))}")
+    if out := os.environ.get(FUZZ_OUT):
+        command = shlex.join([f"{FUZZ_OUT}={out}", "pytest", *request.config.invocation_params.args])
+        write_json(Path(out), fuzz_record(command, runs, operations, started))
+
+
+def test_the_slow_runs_counts_are_written_as_the_docs_read_them(tmp_path: Path) -> None:
+    """docs/RELIABILITY.md row 1 quotes these keys of docs/results/reliability/fuzz.json."""
+    runs = [(SLOW[0], Counter({("POST /recommend", 200): 5, ("GET /items", 422): 2})),
+            (SLOW[1], Counter({("POST /events", 401): 3}))]
+    operations = {"GET /items": Counter({422: 2}), "POST /recommend": Counter({200: 5})}
+    out = tmp_path / "deeper" / "fuzz.json"
+    command = f"{FUZZ_OUT}={out} pytest tests/service/test_fuzz.py -m slow -s"
+    write_json(out, fuzz_record(command, runs, operations, Started()))
+    record = json.loads(out.read_text())
+    assert shlex.split(record["command"])[:3] == [f"{FUZZ_OUT}={out}", "pytest", "tests/service/test_fuzz.py"]
+    assert (record["requests"], record["by_status"]) == (10, {"200": 5, "401": 3, "422": 2})
+    assert (record["responses_5xx"], record["schemathesis_findings"]) == (0, 0)
+    assert [r["requests"] for r in record["runs"]] == [7, 3]
+    assert record["operations"]["GET /items"] == {"requests": 2, "by_status": {"422": 2}}
+    assert record["machine"]["cpus"] == os.cpu_count()
+    assert not [p.name for p in out.parent.iterdir() if p != out]  # written through a temp file, renamed
 
 
 # What the fuzzer found, pinned down (each was a schema violation or a 404 before the fix in service/app.py).
