@@ -26,6 +26,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -170,7 +171,7 @@ def fuzz_record(command: str, runs: Sequence[tuple[Run, Counter[tuple[str, int]]
     once every run passed (schemathesis found nothing, no answer >= 500), so both counts are 0 by then."""
     totals = sum((counts for _, counts in runs), Counter[tuple[str, int]]())
     return {
-        "command": command, **started.head(),
+        "command": command, "date": datetime.now(UTC).isoformat(timespec="seconds"), **started.head(),
         "runs": [{"name": run.name, "key_sent": run.key is not None, "open_server": run.open_server,
                   "phases": run.phases, "max_examples": run.examples, "seed": run.seed,
                   "requests": sum(counts.values()), "by_status": _statuses(by_status(counts))} for run, counts in runs],
@@ -231,6 +232,7 @@ def test_the_slow_runs_counts_are_written_as_the_docs_read_them(tmp_path: Path) 
     assert [r["requests"] for r in record["runs"]] == [7, 3]
     assert record["operations"]["GET /items"] == {"requests": 2, "by_status": {"422": 2}}
     assert record["machine"]["cpus"] == os.cpu_count()
+    assert record["date"]
     assert not [p.name for p in out.parent.iterdir() if p != out]  # written through a temp file, renamed
 
 
