@@ -90,7 +90,8 @@ def add_train_ranker_parser(sub: Subparsers, common: argparse.ArgumentParser) ->
                    help="holdout: training groups mined by a sibling retriever that never saw their targets "
                    "(see `seqrec mine --help`); direct: by the bundle's own retriever (faster, over-confident)")
     p.add_argument("--mined", type=Path, default=None,
-                   help="`seqrec mine` output to reuse, or where to mine to (default with holdout: BUNDLE.mining)")
+                   help="`seqrec mine` output to reuse, or where to mine to (default with holdout: BUNDLE.mining, "
+                   "named after the folder BUNDLE links to: ARTIFACTS/versions/<version>.mining for ARTIFACTS/current)")
     _add_group_size(p, depth_help="candidates per group when mining (N)",
                     per_user_help="training targets per user when mining directly")
     _add_holdout_per_user(p)

@@ -195,7 +195,11 @@ def bundle_source(bundle: Path, data: PreparedDataset) -> tuple[RetrieverArtifac
 
 
 def default_mining_dir(bundle: Path) -> Path:
-    return bundle.parent / f"{bundle.name}.mining"
+    """BUNDLE.mining beside the bundle, named after the folder a link names: for ARTIFACTS/current, the published
+    version's (versions/<version>.mining, deleted with it by the pipeline's pruning). Named after the link,
+    the cache of the version `current` left stayed there, and the next version was refused as mined elsewhere."""
+    folder = bundle.resolve() if bundle.is_symlink() else bundle
+    return folder.parent / f"{folder.name}.mining"
 
 
 def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | None = None, *,
