@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from offline.cli.common import Subparsers, file_path, print_json, set_threads
+from retriever.atomic import enclosing_seqrec_folder
 from retriever.errors import SeqrecError
 
 
@@ -21,7 +22,8 @@ def add_recommend_parser(sub: Subparsers, common: argparse.ArgumentParser) -> No
         "under {prefix}recs:{user_id}.",
     )
     p.add_argument("--artifact", type=Path, required=True, help="bundle folder (or an artifacts folder's current)")
-    p.add_argument("--data", type=Path, required=True, help="prepared folder whose users to answer")
+    p.add_argument("--data", type=Path, required=True,
+                   help="prepared folder whose users to answer (of the catalogue the bundle was trained on)")
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--users", type=Path, help="file of external user ids, one per line")
     who.add_argument("--all", action="store_true", help="every user of --data")
@@ -46,6 +48,7 @@ def _recommend(args: argparse.Namespace) -> int:
     _check_numbers(args)
     from offline.data.prepared import load_prepared
     from offline.jobs.recommend import BatchJob, parse_shard, run_batch, select_users
+    from offline.jobs.train import check_catalogue
     from service.bundle import resolve_bundle
     from service.catalog import load_served
     from service.engine import set_threads as set_inference_threads
@@ -56,12 +59,17 @@ def _recommend(args: argparse.Namespace) -> int:
     if args.threads is not None:
         set_inference_threads(args.threads)
     _check_writable(args.out)
+    if not args.artifact.exists():  # the service's message names its own flag, --artifacts
+        raise SeqrecError(f"--artifact {args.artifact}: no such folder")
     bundle = load_served(resolve_bundle(args.artifact))  # with its catalogue journal, as the service serves it
     if args.stage == "two-stage" and bundle.ranker is None:
         raise SeqrecError(f"--stage two-stage: {args.artifact} has no ranker")
     allowed, unknown = eligible(bundle.filters, bundle.index_of, filters=_filters(args.filters),
                                 include=_ids(args.include_items), exclude=_ids(args.exclude_items))
     data = load_prepared(args.data)
+    # the catalogue it was trained on (items added through the admin routes since are not in --data): another
+    # catalogue's users had no known history item and every one got the same popularity list, exit 0
+    check_catalogue((bundle.base or bundle).artifact, data)
     rows = select_users(data, args.users, shard)
     job = BatchJob(k=args.k, rerank=args.stage != "retriever", batch_size=args.batch_size, shard=shard,
                    allowed=allowed)
@@ -72,8 +80,13 @@ def _recommend(args: argparse.Namespace) -> int:
 
 
 def _check_writable(out: Path) -> None:
-    """Refuse, before any work, an --out whose folder this process cannot write (pyarrow's error for it, without
-    a file name, was an internal error once every list had been computed)."""
+    """Refuse, before any work, an --out inside a prepared dataset or a bundle (the file replaced one of theirs,
+    breaking its checksums, or sat where `seqrec prepare --overwrite` deletes it), and one whose folder this
+    process cannot write (pyarrow's error for it, without a file name, was an internal error once every list had
+    been computed)."""
+    above = enclosing_seqrec_folder(out)
+    if above is not None:
+        raise SeqrecError(f"--out {out} is inside {above[0]}, {above[1]}; write the lists outside it")
     folder = next(p for p in (out.absolute().parent, *out.absolute().parents) if p.exists())
     try:
         with tempfile.TemporaryFile(dir=folder):  # what the job's own temporary file would meet

@@ -83,10 +83,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _check_out(out: Path, resume: bool) -> None:
-    if resume:
+    """Refuse an --out that holds a dataset or a bundle (or lies inside a dataset), unless --resume continues the
+    run whose checkpoint OUT/run/last.pt is: --resume without one trained from scratch over a published bundle
+    or a prepared dataset."""
+    unfinished = (out / "run" / "last.pt").exists()
+    if resume and unfinished:
         return
     refuse_seqrec_folder(out)
-    if (out / "run" / "last.pt").exists():
+    if unfinished:
         raise SeqrecError(f"{out} holds an unfinished run; add --resume to continue it, or choose a new --out")
 
 

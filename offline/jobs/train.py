@@ -207,11 +207,27 @@ def repeat_record(artifact: RetrieverArtifact, data: PreparedDataset) -> dict[st
 
 def check_catalogue(artifact: RetrieverArtifact, data: PreparedDataset) -> None:
     """The artifact's internal ids must mean the same items as the data's."""
-    if artifact.n_items != data.n_items or not np.array_equal(artifact.item_ids, data.item_ids[1:].astype(str)):
-        raise SeqrecError(
-            f"{artifact.path} was trained on a different item catalogue ({artifact.n_items} items) than "
-            f"{data.path} ({data.n_items} items)"
-        )
+    ours, theirs = artifact.item_ids.astype(str), data.item_ids[1:].astype(str)
+    if np.array_equal(ours, theirs):
+        return
+    raise SeqrecError(f"{artifact.path} was trained on a different item catalogue than {data.path}: "
+                      f"{_catalogue_difference(ours, theirs, str(data.path))}")
+
+
+def _catalogue_difference(ours: np.ndarray, theirs: np.ndarray, where: str) -> str:
+    """What tells the artifact's item ids ``ours`` from the data's ``theirs`` (at ``where``), in a few words: the
+    counts alone read "58 items than ... (58 items)" for two catalogues of other ids."""
+    known = set(ours.tolist())
+    new = sorted(set(theirs.tolist()) - known)
+    gone = sorted(known - set(theirs.tolist()))
+    parts = [f"the artifact has {len(ours)} items, the data {len(theirs)}"] if len(ours) != len(theirs) else []
+    if new:
+        parts.append(f"{len(new)} of {where}'s item ids are not in the artifact (e.g. {new[0]!r})")
+    if gone:
+        parts.append(f"{len(gone)} of the artifact's item ids are not in {where} (e.g. {gone[0]!r})")
+    if not new and not gone:
+        parts.append(f"the same {len(ours)} item ids in another order, so its internal ids mean other items")
+    return "; ".join(parts)
 
 
 def evaluate_artifact(path: Path, data: PreparedDataset, *, ks: tuple[int, ...] = EVAL_KS,

@@ -45,6 +45,7 @@ def warm_start_init(path: Path, config: RunConfig, data: PreparedDataset) -> Cal
                           f"{config.model.backbone} one")
     old_items = [str(i) for i in old.item_ids.tolist()]
     new_items = [str(i) for i in data.item_ids[1:].tolist()]
+    _check_overlap(path, old_items, new_items, data)
     column = config.model.item_features
     old_features = new_features = None
     if column:
@@ -79,6 +80,21 @@ def warm_start_init(path: Path, config: RunConfig, data: PreparedDataset) -> Cal
         return carried
 
     return init
+
+
+def _check_overlap(path: Path, old_items: list[str], new_items: list[str], data: PreparedDataset) -> None:
+    """Refuse a bundle of another catalogue, none of whose items the data holds: it started the run with only an
+    INFO line ("0 of 1682 items carried over"), and the warm start carried nothing an item means. Warn when
+    fewer than half the data's items are carried over."""
+    shared = len(set(old_items).intersection(new_items))
+    if shared == 0:
+        example = f", e.g. {new_items[0]!r}" if new_items else ""
+        raise SeqrecError(f"--init-from {path}: none of its {len(old_items)} item ids is in {data.path} "
+                          f"({len(new_items)} items{example}); a warm start carries item rows over by id, so it "
+                          "needs a bundle trained on this catalogue (or an earlier state of it)")
+    if shared < len(new_items) / 2:
+        log.warning("warm start from %s: only %d of %d items carried over; the other %d start from scratch", path,
+                    shared, len(new_items), len(new_items) - shared)
 
 
 def _copy_rows(source: Tensor, target: Tensor, old_keys: list[str], new_keys: list[str]) -> int:

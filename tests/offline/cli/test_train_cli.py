@@ -285,6 +285,56 @@ def test_evaluate_refuses_an_artifact_from_another_catalogue(artifact: Path, tmp
     assert "different item catalogue" in capsys.readouterr().err
 
 
+def test_another_catalogue_of_the_same_size_is_named_by_what_differs(artifact: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    """Two catalogues of 57 items, 3 ids apart, read "a different item catalogue (57 items) than ... (57 items)"."""
+    other = tmp_path / "other"
+    assert main(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
+                 "--seed", "12", "--out", str(other), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--artifact", str(artifact), "--data", str(other)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"seqrec: error: {artifact} was trained on a different item catalogue than {other}: 3 of {other}'s item ids "
+        f"are not in the artifact (e.g. 'i34'); 3 of the artifact's item ids are not in {other} (e.g. 'i27')"]
+
+
+def test_resume_without_a_checkpoint_refuses_a_bundle_or_a_dataset(artifact: Path, prepared: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """--resume skipped the check on --out: with no OUT/run/last.pt it trained from scratch over a published bundle
+    (whose ranker was then mined from another retriever) or over a prepared dataset's manifest.json."""
+    import shutil
+
+    bundle, data = tmp_path / "bundle", tmp_path / "data"
+    shutil.copytree(artifact, bundle)
+    shutil.rmtree(bundle / "run")  # as a bundle the pipeline publishes: no checkpoint beside it
+    shutil.copytree(prepared, data)
+    before = {path: path.read_bytes() for folder in (bundle, data) for path in folder.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    for out, kind in ((bundle, "a retriever artifact or bundle written by `seqrec train` or `seqrec pipeline`"),
+                      (data, "a prepared dataset written by `seqrec prepare`")):
+        assert main(["train", "--data", str(prepared), "--out", str(out), *TINY, "--resume", "-q"]) == 1
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"seqrec: error: {out} already holds {kind}; choose a new --out"]
+    after = {path: path.read_bytes() for folder in (bundle, data) for path in folder.rglob("*") if path.is_file()}
+    assert after == before
+
+
+def test_an_out_inside_a_prepared_dataset_is_refused(prepared: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """`seqrec prepare --overwrite` replaces the dataset's folder as a whole: a model trained into it went with it."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(prepared, data)
+    capsys.readouterr()
+    for resume in ([], ["--resume"]):
+        assert main(["train", "--data", str(data), "--out", str(data / "model"), *TINY, *resume, "-q"]) == 1
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"seqrec: error: {data / 'model'} is inside {data.resolve()}, a prepared dataset written by `seqrec "
+            "prepare` (`seqrec prepare --overwrite` replaces that folder as a whole); choose a --out outside it"]
+    assert not (data / "model").exists()
+
+
 def test_item_features_from_a_metadata_column(prepared: Path, tmp_path: Path) -> None:
     from offline.data.prepared import load_prepared
     from offline.jobs.train import item_feature_matrix

@@ -107,10 +107,25 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(write, tmp_path):
     _prepare(write, tmp_path)
     with pytest.raises(SeqrecError, match="--overwrite"):
         _prepare(write, tmp_path)
-    (tmp_path / "prepared" / "stale.txt").write_text("old")
+    (tmp_path / "prepared" / "sequences.parquet").write_bytes(b"stale")
     _prepare(write, tmp_path, overwrite=True)
-    assert not (tmp_path / "prepared" / "stale.txt").exists()
+    assert load_prepared(tmp_path / "prepared").n_users == 2  # the stale file replaced, its checksum agrees
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_overwrite_refuses_a_dataset_that_holds_what_prepare_did_not_write(write, tmp_path):
+    """A model trained into the dataset's folder (`seqrec train --out DATA/model`) was deleted without a word."""
+    _prepare(write, tmp_path)
+    model = tmp_path / "prepared" / "model"
+    model.mkdir()
+    (model / "retriever.pt").write_bytes(b"weights")
+    (tmp_path / "prepared" / "notes.txt").write_text("mine")
+    with pytest.raises(SeqrecError) as refused:
+        _prepare(write, tmp_path, overwrite=True)
+    assert str(refused.value) == (f"{tmp_path / 'prepared'}: holds {model} (and 1 more), which a prepared dataset "
+                                  "does not write, and the output replaces the folder as a whole; move it out first, "
+                                  "or choose a new folder")
+    assert (model / "retriever.pt").read_bytes() == b"weights"
 
 
 def test_overwrite_replaces_only_a_prepared_dataset(write, tmp_path):

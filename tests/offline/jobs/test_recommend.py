@@ -237,3 +237,55 @@ def test_an_out_or_a_redis_database_it_cannot_use_is_refused_before_any_list(tin
     assert capsys.readouterr().err.strip() == (  # it wrote into database 0 and exited 0
         "seqrec: error: --redis-url redis://127.0.0.1:6379/abc: the database 'abc' is not a number")
     assert not (tmp_path / "r.parquet").exists()
+
+
+def test_an_out_inside_a_dataset_or_a_bundle_is_refused(tiny: tuple[Path, Path], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    """The lists replaced the dataset's sequences.parquet (its checksum then failed) or the bundle's
+    catalogue.parquet (the service could no longer load it), exit 0."""
+    import shutil
+
+    data, bundle = tiny
+    data_copy, bundle_copy = tmp_path / "data", tmp_path / "bundle"
+    shutil.copytree(data, data_copy)
+    shutil.copytree(bundle, bundle_copy)
+    before = {path: path.read_bytes() for folder in (data_copy, bundle_copy) for path in folder.rglob("*")
+              if path.is_file()}
+    job = ["recommend", "--artifact", str(bundle), "--data", str(data), "--all", "--k", "3", "-q"]
+    dataset, artifact = "a prepared dataset written by `seqrec prepare`", \
+        "a retriever artifact or bundle written by `seqrec train` or `seqrec pipeline`"
+    for folder, out, kind in ((data_copy, data_copy / "sequences.parquet", dataset),
+                              (bundle_copy, bundle_copy / "catalogue.parquet", artifact),
+                              (data_copy, data_copy / "lists" / "recs.parquet", dataset)):
+        assert seqrec([*job, "--out", str(out)]) == 1
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"seqrec: error: --out {out} is inside {folder.resolve()}, {kind}; write the lists outside it"]
+    after = {path: path.read_bytes() for folder in (data_copy, bundle_copy) for path in folder.rglob("*")
+             if path.is_file()}
+    assert after == before
+    assert not (data_copy / "lists").exists()
+
+
+def test_a_bundle_of_another_catalogue_is_refused(tiny: tuple[Path, Path], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    """No history item was known, every user got the same popularity list, exit 0."""
+    _, bundle = tiny
+    other, out = tmp_path / "other", tmp_path / "recs.parquet"
+    assert seqrec(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
+                   "--seed", "12", "--out", str(other), "-q"]) == 0
+    capsys.readouterr()
+    assert seqrec(["recommend", "--artifact", str(bundle), "--data", str(other), "--all", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"seqrec: error: {bundle.resolve()} was trained on a different item catalogue than {other}: 3 of "
+                   f"{other}'s item ids are not in the artifact (e.g. 'i34'); 3 of the artifact's item ids are not "
+                   f"in {other} (e.g. 'i27')"]
+    assert not out.exists()
+
+
+def test_a_missing_artifact_names_the_flag_recommend_takes(tiny: tuple[Path, Path], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    data, _ = tiny
+    missing = tmp_path / "nope"
+    assert seqrec(["recommend", "--artifact", str(missing), "--data", str(data), "--all",
+                   "--out", str(tmp_path / "r.parquet")]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"seqrec: error: --artifact {missing}: no such folder"]

@@ -107,6 +107,25 @@ def test_warm_start_refuses_another_model_size(folders: tuple[Path, Path, Path],
     assert len(err.strip().splitlines()) == 1
 
 
+def test_warm_start_from_another_catalogue_is_refused(folders: tuple[Path, Path, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """No item carried over, and the run went on with an INFO line ("0 of 1682 items carried over")."""
+    _, _, bundle = folders
+    log = tmp_path / "log.csv"
+    log.write_text("user,item,ts\n" + "".join(f"u{u},x{(u + t) % 7},{t}\n" for u in range(30) for t in range(5)))
+    other, out = tmp_path / "other", tmp_path / "warm"
+    assert main(["prepare", "--dataset", "csv", "--path", str(log), "--user-col", "user", "--item-col", "item",
+                 "--time-col", "ts", "--out", str(other), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--data", str(other), "--out", str(out), "--init-from", str(bundle), *TINY, "-q"]) == 1
+    n_old = load_artifact(bundle, with_index=False).n_items
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"seqrec: error: --init-from {bundle}: none of its {n_old} item ids is in {other} (7 items, e.g. 'x0'); a "
+        "warm start carries item rows over by id, so it needs a bundle trained on this catalogue (or an earlier "
+        "state of it)"]
+    assert not out.exists()
+
+
 def test_cold_start_bench_ranks_the_held_out_items_through_the_catalogue_change(folders: tuple[Path, Path, Path],
                                                                               tmp_path: Path) -> None:
     from offline.bench.cold_start import main as cold_start
