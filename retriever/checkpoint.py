@@ -67,14 +67,33 @@ def save_checkpoint(
     }, run_dir / "last.pt")
 
 
+# Settings that change how fast a run goes, not what it computes: a resumed run or search may change them.
+SPEED_ONLY = {"train": ("threads",)}
+
+
+def run_identity(raw: dict[str, Any]) -> dict[str, Any]:
+    """A run config (its dump, or a raw dict) as `--resume` and `seqrec tune` match it: without the
+    `SPEED_ONLY` settings (a run killed under --threads 1 resumed without it was refused, for good)."""
+    identity = {section: dict(values) if isinstance(values, dict) else values for section, values in raw.items()}
+    for section, keys in SPEED_ONLY.items():
+        if isinstance(identity.get(section), dict):
+            for key in keys:
+                identity[section].pop(key, None)
+    return identity
+
+
 def same_run_config(stored_json: str, config: RunConfig) -> bool:
-    """Whether a checkpoint's config is ``config``; keys added to the config since it was written count
-    with their defaults (a field added by an upgrade must not orphan every unfinished run)."""
+    """Whether a checkpoint's config is ``config`` (`run_identity`); keys added to the config since it was written
+    count with their defaults (a field added by an upgrade must not orphan every unfinished run)."""
     try:
         stored = config_from_dict(json.loads(stored_json), source="checkpoint config")
     except ValueError:  # unreadable JSON or a config today's schema refuses (a ConfigError is a ValueError)
         return False
-    return stored.model_dump() == config.model_dump()
+    return run_identity(stored.model_dump()) == run_identity(config.model_dump())
+
+
+class CheckpointMismatch(ConfigError):
+    """``last.pt`` holds a run of another config: it cannot be continued under this one."""
 
 
 def load_checkpoint(
@@ -92,7 +111,8 @@ def load_checkpoint(
         return TrainState()
     saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     if not same_run_config(saved["config"], config):
-        raise ConfigError(f"{path}: was written with a different config; resume with the same config or a new --out")
+        raise CheckpointMismatch(f"{path}: was written with a different config; resume with the same config or a new "
+                                 "--out")
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     generator.set_state(saved["generator"])

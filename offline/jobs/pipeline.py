@@ -7,14 +7,13 @@
 Every stage writes into the run's work folder; only `publish` touches ``versions/`` and ``current``: it moves
 the finished bundle into ``versions/`` (one rename) and then renames a new symlink over ``current``, so a failing
 or killed stage never changes what is served. ``--resume`` continues the newest unpublished run of the same config
-after its last finished stage (training itself resumes from its last checkpoint), or starts a new run when there
-is none, so a scheduled job can always pass it. The newest ``keep`` versions stay (never ``current``'s).
+and inputs after its last finished stage (training itself resumes from its last checkpoint), or starts a new run
+when there is none, so a scheduled job can always pass it (offline/jobs/pipeline_runs.py); the earlier work
+folders of the same pipeline name then go. The newest ``keep`` versions stay (never ``current``'s).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -25,43 +24,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from tqdm import tqdm
 
 from offline.jobs.pipeline_config import PipelineConfig, load_pipeline_config, override_strings
+from offline.jobs.pipeline_runs import Run, StageRecord, drop_stale_runs, new_run, resume_run, write_json
 from offline.jobs.versions import CURRENT, VERSIONS, pipeline_lock, prune_versions, switch_current
 from offline.tables import markdown_table
 from offline.tune.section import keep_report
-from retriever.atomic import atomic_write, refuse_seqrec_folder, sync, sync_tree
+from retriever.atomic import refuse_seqrec_folder, sync, sync_tree
 from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 
 STAGES = ("prepare", "train", "export", "mine", "train-ranker", "evaluate", "publish")
-WORK, STATE = "work", "state.json"
-
-
-class StageRecord(BaseModel):
-    """One finished stage in state.json and pipeline.json: its seconds, then what the stage reported
-    (kept as extra fields, in the stage's order, so the JSON reads as it always has)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    seconds: float
-
-    @property
-    def info(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-
-class RunState(BaseModel):
-    """ARTIFACTS/work/<run>/state.json: the config a run was started with and its finished stages."""
-
-    config_path: str
-    config: dict[str, Any]  # PipelineConfig.model_dump(mode="json"): what --resume matches on
-    started_at: str
-    stages: dict[str, StageRecord] = {}
-    inputs: dict[str, Any] | None = None  # `run_inputs`, matched by --resume too (None: a run from before it)
 
 
 class PublishRecord(BaseModel):
@@ -79,83 +55,6 @@ class PipelineSummary(BaseModel):
     path: str
     seconds: dict[str, float]
     evaluation: dict[str, Any]
-
-
-def _write_json(path: Path, record: BaseModel) -> None:
-    # default=str as before the records were typed: a stage may report a value json cannot encode
-    text = json.dumps(record.model_dump(), indent=2, default=str)
-    atomic_write(path, lambda p: p.write_text(text))
-
-
-class Run:
-    """One pipeline run's work folder and its record of finished stages."""
-
-    def __init__(self, folder: Path, state: RunState) -> None:
-        self.folder, self.state = folder, state
-
-    @property
-    def data(self) -> Path:
-        return self.folder / "data"
-
-    @property
-    def bundle(self) -> Path:
-        return self.folder / "bundle"
-
-    @property
-    def mined(self) -> Path:
-        return self.folder / "bundle.mining"
-
-    def done(self, stage: str) -> bool:
-        return stage in self.state.stages
-
-    def finish(self, name: str, seconds: float, **info: Any) -> None:
-        self.state.stages[name] = StageRecord(seconds=round(seconds, 1), **info)
-        self.save()
-
-    def save(self) -> None:
-        _write_json(self.folder / STATE, self.state)
-
-
-def new_run(artifacts: Path, config: PipelineConfig, config_path: Path) -> Run:
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    folder = artifacts / WORK / f"{stamp}-{config.name}"
-    folder.mkdir(parents=True, exist_ok=False)
-    run = Run(folder, RunState(config_path=str(config_path), config=config.model_dump(mode="json"),
-                               started_at=stamp, inputs=run_inputs(config)))
-    run.save()
-    return run
-
-
-def run_inputs(config: PipelineConfig) -> dict[str, Any]:
-    """What a run reads beyond its config: the retriever YAML (its sha256) and the data's source files (each
-    one's name, size and modification time). Either changed since a run started, --resume starts a new run: the
-    old one would publish a model of the old data, or fail to resume a training of the old config."""
-    inputs: dict[str, Any] = {}
-    if config.retriever is not None and config.retriever.is_file():
-        inputs["retriever"] = hashlib.sha256(config.retriever.read_bytes()).hexdigest()
-    sources = [config.data.path, config.data.reader.get("items_path")]
-    for path in (Path(p) for p in sources if p is not None):
-        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
-        inputs.setdefault("data", []).extend([str(f), f.stat().st_size, f.stat().st_mtime_ns]
-                                             for f in files if f.exists())
-    return inputs
-
-
-def resume_run(artifacts: Path, config: PipelineConfig) -> Run | None:
-    """The newest unpublished run of this config and these inputs (`run_inputs`), if any."""
-    runs = sorted((artifacts / WORK).glob("*/" + STATE)) if (artifacts / WORK).is_dir() else []
-    inputs = json.loads(json.dumps(run_inputs(config)))  # as state.json reads back: lists, not tuples
-    for state_file in reversed(runs):
-        state = RunState.model_validate_json(state_file.read_text())
-        if state.config != config.model_dump(mode="json") or "publish" in state.stages:
-            continue
-        if state.inputs is not None and state.inputs != inputs:
-            changed = [name for name in ("retriever", "data") if state.inputs.get(name) != inputs.get(name)]
-            log.warning("%s: its %s changed since it started; starting a new run", state_file.parent,
-                        " and ".join(changed))
-            return None
-        return Run(state_file.parent, state)
-    return None
 
 
 def check_artifacts_folder(artifacts: Path) -> None:
@@ -188,6 +87,7 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
             if resume:
                 log.info("no unfinished run of %s under %s: starting a new one", config.name, artifacts)
             run = new_run(artifacts, config, config_path)
+        drop_stale_runs(artifacts, run, config.name)
         stages: dict[str, Callable[[Run, PipelineConfig, int | None], dict[str, Any]]] = {
             "prepare": _prepare, "train": _train, "export": _export, "mine": _mine, "train-ranker": _train_ranker,
             "evaluate": _evaluate, "publish": lambda r, c, _: _publish(r, c, artifacts)}
@@ -231,6 +131,7 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
     from offline.jobs.catalog import served_bundle
     from offline.jobs.train import train_retriever
     from retriever.artifact import read_manifest
+    from retriever.checkpoint import CheckpointMismatch
     from retriever.config import load_config
 
     init_from = served_bundle(run.folder.parent.parent) if config.warm_start else None
@@ -249,8 +150,14 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
     if (run.bundle / "manifest.json").exists():  # killed after the artifact was written: nothing left to do
         manifest = read_manifest(run.bundle)
     else:
-        manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, resume=resume,
-                                   init_from=init_from)
+        try:
+            manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, resume=resume,
+                                       init_from=init_from)
+        except CheckpointMismatch as err:  # refused for good: every --resume would pick this run and fail again
+            log.warning("%s; training this run from scratch", err)
+            shutil.rmtree(run.bundle / "run")
+            resume = False
+            manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, init_from=init_from)
     return {"version": manifest.version, "resumed": resume, "repeats": manifest.repeats,
             "warm_start_from": None if init_from is None else str(init_from),
             "valid_ndcg@10": manifest.metrics["valid"]["NDCG@10"],
@@ -313,7 +220,7 @@ def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any
         shutil.rmtree(run.bundle / "run", ignore_errors=True)  # checkpoints; the curve is in history.jsonl
         record = PublishRecord(config=run.state.config, stages=run.state.stages,
                                published_at=datetime.now(UTC).isoformat(timespec="seconds"))
-        _write_json(run.bundle / "pipeline.json", record)
+        write_json(run.bundle / "pipeline.json", record)
         carry_changes(artifacts, run.bundle)
         keep_report(run.folder / "tune", run.bundle)  # the search's report, when the config has `tune:`
         sync_tree(run.bundle)  # every file on disk before the rename publishes it

@@ -15,7 +15,8 @@ import yaml
 from offline.cli import main
 from offline.cli.common import shipped_configs
 from offline.jobs import rank as ranking
-from offline.jobs.pipeline import STAGES, PublishRecord, RunState, load_pipeline_config
+from offline.jobs.pipeline import STAGES, PublishRecord, load_pipeline_config
+from offline.jobs.pipeline_runs import RunState
 
 TINY_RETRIEVER = {
     "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10},
@@ -333,7 +334,8 @@ def test_resume_continues_a_run_only_while_its_inputs_are_unchanged(tmp_path: Pa
     """--resume (the cron recipe) matched the pipeline YAML only: new data resumed after the old data's prepare
     stage and published a model of the old data, and an edited retriever YAML failed every later run ('written
     with a different config')."""
-    from offline.jobs.pipeline import load_pipeline_config, new_run, resume_run
+    from offline.jobs.pipeline import load_pipeline_config
+    from offline.jobs.pipeline_runs import new_run, resume_run
 
     events = tmp_path / "events.csv"
     events.write_text("user_id,item_id,timestamp\n" + "".join(f"u1,{i},{t}\n" for t, i in enumerate("abc")))
