@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -29,14 +30,15 @@ from typing import Any
 import optuna
 import sqlalchemy.exc
 import torch
+from sqlalchemy.engine import URL
 
 from offline.data.prepared import PreparedDataset
 from offline.jobs.train import dataset_fingerprint, dense_metrics, evaluation_sample, item_feature_matrix
 from offline.tune.report import write_report
 from offline.tune.section import Clock, TuneSection
 from offline.tune.space import PARAMS, DataShape, fixed_problems, suggest
-from retriever.checkpoint import SELECTION_METRIC, load_weights
-from retriever.config import RunConfig, config_from_dict, load_config
+from retriever.checkpoint import SELECTION_METRIC, load_weights, run_identity
+from retriever.config import ConfigError, RunConfig, config_from_dict, load_config
 from retriever.errors import SeqrecError, first_line
 from retriever.model import Retriever
 from retriever.repeats import resolve_repeats
@@ -179,10 +181,34 @@ class Search:
                              ("valid", "test"), config.train.eval_batch_size, exclude_seen=exclude_seen)
 
 
+class OtherSearch(SeqrecError):
+    """The storage holds a study of another search: another base config, dataset or --fix."""
+
+
+def sqlite_url(path: Path) -> str:
+    """The sqlite URL of ``path``, escaped: OUT 'a#1?x' made the study a file 'a#1' (the rest read as the URL's
+    query), and Optuna formats the URL as a template, so braces are escaped too."""
+    url = URL.create("sqlite", database=str(path.resolve())).render_as_string(hide_password=False)
+    return url.replace("{", "%7B").replace("}", "%7D")
+
+
+def same_search(stored: dict[str, Any], identity: dict[str, Any]) -> bool:
+    """Whether two searches' identities (pins aside) match: their base configs less the settings that only change
+    speed (`run_identity`: train.threads), their data by checksum, not by the path it was read from (a rerun with
+    an absolute --data, or without --threads, was refused). Data prepared before checksums keeps its path."""
+    def comparable(identity: dict[str, Any]) -> dict[str, Any]:
+        data = dict(identity.get("data") or {})
+        if data.get("sha256"):
+            data.pop("path", None)
+        return {**identity, "base": run_identity(identity.get("base") or {}), "data": data, "fixed": None}
+
+    return comparable(stored) == comparable(identity)
+
+
 def open_study(out: Path, options: TuneOptions, identity: dict[str, Any]) -> optuna.Study:
     """The study in ``options.storage`` (default OUT/study.db), created or continued; refuses another search's."""
     out.mkdir(parents=True, exist_ok=True)
-    url = options.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    url = options.storage or sqlite_url(out / "study.db")
     sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(seed=options.seed)
     if options.fixed:
         with _stable_enough():
@@ -198,13 +224,13 @@ def open_study(out: Path, options: TuneOptions, identity: dict[str, Any]) -> opt
     stored = study.user_attrs.get("identity")
     if stored is None:
         study.set_user_attr("identity", identity)
-    elif {**stored, "fixed": None} == {**identity, "fixed": None}:
+    elif same_search(stored, identity):
         if stored.get("fixed") != identity.get("fixed"):
             pins = " ".join(f"{k}={v}" for k, v in (stored.get("fixed") or {}).items())
-            raise SeqrecError(f"{redact_url(url)} holds a search with {f'--fix {pins}' if pins else 'no --fix'}; "
+            raise OtherSearch(f"{redact_url(url)} holds a search with {f'--fix {pins}' if pins else 'no --fix'}; "
                               "resume it with the same, or choose a new --out")
     else:
-        raise SeqrecError(f"{redact_url(url)} holds a search of another config or dataset; choose a new --out")
+        raise OtherSearch(f"{redact_url(url)} holds a search of another config or dataset; choose a new --out")
     return study
 
 
@@ -235,6 +261,8 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
     if options.fixed:  # its trials sampled the pinned values only; studies without pins keep their identity
         identity["fixed"] = options.fixed
     search = Search(base, data, out, budget)
+    if not (search.split.train.lengths >= 2).any():  # else every trial fails with it, five before the search stops
+        raise ConfigError(f"{data.path}: no training sequence has two or more items")
     problems = fixed_problems(options.fixed, base, search.shape)
     if problems:
         raise SeqrecError(f"{options.fixed_from} {'; '.join(problems)}")
@@ -248,6 +276,10 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
             return search.objective(trial)
         except SeqrecError as err:
             errors.append(str(err))
+            raise
+        except BaseException as err:
+            if not isinstance(err, Exception | KeyboardInterrupt):  # what Optuna leaves running: SIGTERM's unwinding
+                _fail(study, trial)
             raise
 
     while (started == 0 or not budget.spent()) and (options.trials is None or finished(study) < options.trials):
@@ -278,11 +310,27 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
     return result
 
 
+def _fail(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Record ``trial`` as failed: a trial the CLI's SIGTERM ended stayed 'running' (in trials.md too) until
+    Optuna's grace period, after the rerun had begun."""
+    try:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    except Exception as err:  # the storage itself went away: the grace period marks it later
+        log.warning("trial %d: could not record it as failed: %s", trial.number, first_line(err))
+
+
 def tuned_config(section: TuneSection, base: dict[str, Any], data: PreparedDataset, out: Path) -> RunConfig:
-    """The pipeline's retriever config: ``out/best.yaml`` of a finished search, or a search run (or continued) now."""
+    """The pipeline's retriever config: ``out/best.yaml`` of a finished search, or a search run (or continued) now.
+    A search of another config in ``out`` (the run's own folder) cannot be continued: it starts afresh, as the
+    run's training does, since every --resume would pick this run and be refused again."""
     best = out / "best.yaml"
     if not best.exists():
         options = TuneOptions(trials=section.trials, budget_minutes=section.minutes, clock=section.clock,
                               seed=section.seed, fixed=section.fix, fixed_from="tune.fix")
-        tune(base, data, out, options, command="seqrec pipeline (tune section)")
+        try:
+            tune(base, data, out, options, command="seqrec pipeline (tune section)")
+        except OtherSearch:
+            log.warning("%s holds a search of another retriever config; searching afresh", out)
+            shutil.rmtree(out)
+            tune(base, data, out, options, command="seqrec pipeline (tune section)")
     return load_config(best)

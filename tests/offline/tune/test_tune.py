@@ -254,17 +254,23 @@ def _three_each(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
-def test_a_search_whose_trials_keep_failing_stops_with_their_error(tmp_path: Path,
+def test_a_search_whose_trials_keep_failing_stops_with_their_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture) -> None:
     """Failed trials never count towards --trials: the search ran until killed (2,364 failed trials in 10 minutes).
     The budget bounds the old code's run here."""
-    data = _three_each(tmp_path)
+    import offline.tune.study as study_module
+    from retriever.config import ConfigError
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise ConfigError("no trial of this search can train")
+
+    monkeypatch.setattr(study_module, "fit", failing)
+    data = prepare_tiny(tmp_path / "data")
     capsys.readouterr()
     assert main(["tune", "--data", str(data), "--out", str(tmp_path / "o"), "--trials", "2", "--budget-minutes", "3",
                  *PINS, *BASE]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"seqrec: error: {FAILED_IN_A_ROW} trials in a row failed, the last with: no training sequence has two or "
-        "more items")
+        f"seqrec: error: {FAILED_IN_A_ROW} trials in a row failed, the last with: no trial of this search can train")
 
 
 def test_item_features_the_data_lacks_are_refused_before_any_trial(tmp_path: Path,
