@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offline.cli.common import Subparsers, file_path, print_json, set_threads
 from retriever.atomic import enclosing_seqrec_folder
 from retriever.errors import SeqrecError
+
+if TYPE_CHECKING:
+    from offline.data.prepared import PreparedDataset
+
+log = logging.getLogger(__name__)
 
 
 def add_recommend_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -48,7 +55,6 @@ def _recommend(args: argparse.Namespace) -> int:
     _check_numbers(args)
     from offline.data.prepared import load_prepared
     from offline.jobs.recommend import BatchJob, parse_shard, run_batch, select_users
-    from offline.jobs.train import check_catalogue
     from service.bundle import resolve_bundle
     from service.catalog import load_served
     from service.engine import set_threads as set_inference_threads
@@ -67,9 +73,7 @@ def _recommend(args: argparse.Namespace) -> int:
     allowed, unknown = eligible(bundle.filters, bundle.index_of, filters=_filters(args.filters),
                                 include=_ids(args.include_items), exclude=_ids(args.exclude_items))
     data = load_prepared(args.data)
-    # the catalogue it was trained on (items added through the admin routes since are not in --data): another
-    # catalogue's users had no known history item and every one got the same popularity list, exit 0
-    check_catalogue((bundle.base or bundle).artifact, data)
+    _check_items(bundle.index_of, data)
     rows = select_users(data, args.users, shard)
     job = BatchJob(k=args.k, rerank=args.stage != "retriever", batch_size=args.batch_size, shard=shard,
                    allowed=allowed)
@@ -77,6 +81,20 @@ def _recommend(args: argparse.Namespace) -> int:
                         ttl=args.ttl)
     print_json({**summary, "unknown_items": unknown})
     return 0
+
+
+def _check_items(index_of: Mapping[str, int], data: PreparedDataset) -> None:
+    """Refuse data that shares no item with the bundle (another catalogue: no history item was known and every user
+    got the same popularity list, exit 0); warn about items it does not know, dropped from the histories as the
+    service drops them (data prepared after training holds new items: the usual case for nightly lists)."""
+    ids = [str(i) for i in data.item_ids[1:]]
+    unknown = [i for i in ids if i not in index_of]
+    if ids and len(unknown) == len(ids):
+        raise SeqrecError(f"{data.path} shares no item id with the bundle's catalogue (e.g. {ids[0]!r} is not in "
+                          "it): a bundle of another catalogue")
+    if unknown:
+        log.warning("%d of %s's %d item ids are not in the bundle's catalogue (e.g. %r): dropped from the "
+                    "histories, as the service drops them", len(unknown), data.path, len(ids), unknown[0])
 
 
 def _check_writable(out: Path) -> None:

@@ -1,8 +1,8 @@
 """`seqrec recommend`: precomputed lists for many users, through the code the service answers with.
 
 Each user's history is their whole prepared sequence ("what next, after everything we know"), mapped to
-the bundle's ids by external id (the CLI refuses data of another catalogue than the bundle was trained on;
-an item the bundle does not know would be dropped, as the service drops it).
+the bundle's ids by external id (items the bundle does not know are dropped, as the service drops them; the
+CLI warns about them and refuses data that shares no item with the bundle).
 Users stream in batches through `service.answer.plan_query` (the window, the exclusions, the default
 depth) and `service.recommend.recommend_batch` (FAISS, the ranker's features and scores), the functions
 behind ``POST /recommend``; a history with no known item gets the service's popularity answer. Business

@@ -4,6 +4,7 @@ concatenate to the whole; Redis lists are written and expire; bad arguments are 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections import Counter
@@ -270,16 +271,31 @@ def test_a_bundle_of_another_catalogue_is_refused(tiny: tuple[Path, Path], tmp_p
                                                   capsys: pytest.CaptureFixture) -> None:
     """No history item was known, every user got the same popularity list, exit 0."""
     _, bundle = tiny
-    other, out = tmp_path / "other", tmp_path / "recs.parquet"
-    assert seqrec(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
-                   "--seed", "12", "--out", str(other), "-q"]) == 0
+    log, other, out = tmp_path / "log.csv", tmp_path / "other", tmp_path / "recs.parquet"
+    log.write_text("user_id,item_id,timestamp\n" + "".join(f"u{u},x{(u + t) % 9},{t}\n" for u in range(20)
+                                                           for t in range(5)))
+    assert seqrec(["prepare", "--dataset", "csv", "--path", str(log), "--out", str(other), "-q"]) == 0
     capsys.readouterr()
     assert seqrec(["recommend", "--artifact", str(bundle), "--data", str(other), "--all", "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"seqrec: error: {bundle.resolve()} was trained on a different item catalogue than {other}: 3 of "
-                   f"{other}'s item ids are not in the artifact (e.g. 'i34'); 3 of the artifact's item ids are not "
-                   f"in {other} (e.g. 'i27')"]
+    assert err == [f"seqrec: error: {other} shares no item id with the bundle's catalogue (e.g. 'x0' is not in it): "
+                   "a bundle of another catalogue"]
     assert not out.exists()
+
+
+def test_data_with_items_the_bundle_does_not_know_is_answered_with_a_warning(
+        tiny: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Data prepared after training holds new items (nightly lists): they are dropped from the histories, as the
+    service drops them, and said so; every user is answered."""
+    _, bundle = tiny
+    other, out = tmp_path / "other", tmp_path / "recs.parquet"
+    assert seqrec(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
+                   "--seed", "12", "--out", str(other), "-q"]) == 0
+    with caplog.at_level(logging.WARNING):
+        assert seqrec(["recommend", "--artifact", str(bundle), "--data", str(other), "--all", "--out", str(out)]) == 0
+    assert any("3 of" in r.message and "not in the bundle's catalogue (e.g. 'i34')" in r.message
+               for r in caplog.records), [r.message for r in caplog.records]
+    assert len(_lists(out)) == 150
 
 
 def test_a_missing_artifact_names_the_flag_recommend_takes(tiny: tuple[Path, Path], tmp_path: Path,
