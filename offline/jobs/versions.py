@@ -60,11 +60,13 @@ def prune_versions(artifacts: Path, keep: int) -> list[Path]:
     if not folder.is_dir():
         return []
     current = (artifacts / CURRENT).resolve() if (artifacts / CURRENT).exists() else None
-    ranked = sorted(((key, path) for path in folder.iterdir() if (key := publish_key(path)) is not None),
-                    reverse=True)
+    # Publish times have whole seconds: of two versions published in one second, `current` is the newer (the
+    # version id's hash broke the tie, so keep 1 could keep the other one, and `current` beside it).
+    ranked = sorted(((published, path.resolve() == current, name, path) for path in folder.iterdir()
+                     if (key := publish_key(path)) is not None for published, name in [key]), reverse=True)
     removed = []
-    for _, old in ranked[keep:]:
-        if old.resolve() == current:
+    for _, is_current, _, old in ranked[keep:]:
+        if is_current:
             continue
         _remove(old)
         _remove(old.with_name(f"{old.name}{MINING}"))

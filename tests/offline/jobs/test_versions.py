@@ -59,6 +59,18 @@ def test_the_version_id_orders_bundles_without_a_publish_record(tmp_path: Path) 
     assert prune_versions(tmp_path, 1) == [v1]
 
 
+def test_of_two_versions_published_in_one_second_current_is_the_newer(tmp_path: Path) -> None:
+    """Publish times have whole seconds: the version id's hash broke the tie, so keep 1 could keep the other
+    version, and `current` beside it (tests/offline/jobs/test_pipeline.py's pruning test failed so by chance)."""
+    older, newer = _bundle(tmp_path, 9), _bundle(tmp_path, 1)  # newer's id sorts first
+    record = json.dumps({"published_at": "2024-01-01T12:00:00+00:00"})
+    for bundle in (older, newer):
+        (bundle / "pipeline.json").write_text(record)
+    switch_current(tmp_path, newer)
+    assert prune_versions(tmp_path, 1) == [older]
+    assert _names(tmp_path) == [newer.name]
+
+
 def test_current_is_never_deleted(tmp_path: Path) -> None:
     v1, v2, v3 = (_bundle(tmp_path, minute) for minute in (1, 2, 3))
     switch_current(tmp_path, v1)  # rolled back by hand
