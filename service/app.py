@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from retriever import seqrec_version
 from service.bundle import Bundle, resolve_bundle
 from service.catalog import load_served
-from service.deps import State, require_key, utf8_path
+from service.deps import State, require_key, utf8_path, utf8_query
 from service.engine import Engine, Overloaded, set_threads
 from service.metrics import Metrics
 from service.reloading import watch_current
@@ -65,8 +65,9 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
     guarded = settings.api_key_value() is not None
     for router in ROUTERS:
         keyed = guarded and router in WRITES
-        # the key first (a 401 whatever the path), then the ids of the path: not UTF-8 is a 422, like an empty one
-        needs = [Depends(require_key)] * keyed + [Depends(utf8_path)] * _takes_ids(router)
+        # the key first (a 401 whatever the path), then the ids of the path and the query string: not UTF-8 is a
+        # 422, like an empty one
+        needs = [Depends(require_key)] * keyed + [Depends(utf8_path)] * _takes_ids(router) + [Depends(utf8_query)]
         app.include_router(router, dependencies=needs, responses=UNAUTHORIZED if keyed else None)
     app.mount("/static", StaticFiles(directory=web.STATIC), name="static")  # the page's scripts and styles
     return app

@@ -89,3 +89,23 @@ async def utf8_path(request: Request) -> None:
                    "percent-encoded (U+FFFD is %EF%BF%BD)")
         raise RequestValidationError([{"type": "string_unicode", "loc": loc, "msg": message}
                                       for loc in locs or [("path",)]]) from None
+
+
+async def utf8_query(request: Request) -> None:
+    """422 naming the parameter when a query string value's percent-decoded bytes are not UTF-8: the server decodes
+    them with U+FFFD, so `/items?query=%FF` searched for U+FFFD, as the path ids did (`utf8_path`)."""
+    raw: bytes = request.scope.get("query_string") or b""
+    if b"%" not in raw:  # plain ASCII, as the server hands it over
+        return
+    locs: list[tuple[str, ...]] = []
+    for pair in raw.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        try:
+            unquote_to_bytes(name).decode("utf-8")
+            unquote_to_bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            locs.append(("query", unquote_to_bytes(name).decode("utf-8", "replace")))
+    if locs:
+        message = ("not UTF-8 once percent-decoded; a query value is its UTF-8 bytes, percent-encoded "
+                   "(U+FFFD is %EF%BF%BD)")
+        raise RequestValidationError([{"type": "string_unicode", "loc": loc, "msg": message} for loc in locs])

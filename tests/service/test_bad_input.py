@@ -208,6 +208,20 @@ def test_path_ids_that_are_not_utf8_are_422(client: httpx.Client) -> None:
     assert client.get("/users/caf%C3%A9/history").json() == {"user_id": "café", "items": []}
 
 
+def test_query_values_that_are_not_utf8_are_422(client: httpx.Client) -> None:
+    """The server decoded each bad byte as U+FFFD: /items?query=%FF searched for U+FFFD, as the path ids did."""
+    for bad in NOT_UTF8:
+        body = _check(client.get(f"/items?query={bad}"), 422, "query.query")
+        assert "not UTF-8" in body["detail"]
+        assert body["errors"][0]["type"] == "string_unicode"
+        assert client.get(f"/items?limit=3&{bad}=1").status_code == 422  # a parameter's name too
+    # valid UTF-8, percent-encoded or as U+FFFD's own bytes, is searched as sent
+    found = client.get("/items?query=caf%C3%A9&limit=3")
+    assert found.status_code == 200, found.text
+    assert found.json()["query"] == "café"
+    assert client.get("/items?query=%EF%BF%BD").json()["query"] == "\ufffd"
+
+
 def test_no_5xx_so_far(client: httpx.Client) -> None:
     """Everything above (and whatever ran before on this server) answered below 500."""
     requests = metric_samples(client.get("/metrics").text, "seqrec_requests_total")
