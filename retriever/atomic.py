@@ -74,6 +74,14 @@ def atomic_torch_save(obj: object, path: Path) -> None:
     atomic_write(path, save)
 
 
+def write_json(path: Path, payload: Any) -> None:
+    """``payload`` as indented JSON in ``path``, written atomically (its folder made first); a value JSON cannot
+    encode is written as its str()."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload, indent=2, default=str) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     text = "".join(json.dumps(r) + "\n" for r in records)
     atomic_write(path, lambda p: p.write_text(text))

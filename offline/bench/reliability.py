@@ -32,7 +32,7 @@ from offline.bench.payloads import short_payloads
 from offline.bench.processes import SERVICE_APP, RunningServer, start_server_process
 from offline.cli.common import SEED
 from offline.jobs.versions import CURRENT, VERSIONS
-from retriever.atomic import atomic_write
+from retriever.atomic import write_json
 from retriever.errors import SeqrecError
 
 
@@ -137,13 +137,6 @@ class Started:
 def recorded_command(module: str, argv: Sequence[str]) -> str:
     """`python -m MODULE ARGS`, quoted so that it parses again (a --note with spaces stays one argument)."""
     return shlex.join(["python", "-m", module, *argv])
-
-
-def write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    """``payload`` as indented JSON in ``path``, written atomically (its folder made first)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(payload, indent=2, default=str) + "\n"
-    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def print_report(report: Mapping[str, Any], module: str, argv: Sequence[str] | None = None, out: Path | None = None,

@@ -28,11 +28,11 @@ from pydantic import BaseModel
 from tqdm import tqdm
 
 from offline.jobs.pipeline_config import PipelineConfig, load_pipeline_config, override_strings
-from offline.jobs.pipeline_runs import Run, StageRecord, drop_stale_runs, new_run, resume_run, write_json
+from offline.jobs.pipeline_runs import Run, StageRecord, drop_stale_runs, new_run, resume_run
 from offline.jobs.versions import CURRENT, VERSIONS, pipeline_lock, prune_versions, switch_current
 from offline.tables import markdown_table
 from offline.tune.section import keep_report
-from retriever.atomic import refuse_seqrec_folder, sync, sync_tree
+from retriever.atomic import refuse_seqrec_folder, sync, sync_tree, write_json
 from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ def _publish(run: Run, config: PipelineConfig, artifacts: Path) -> dict[str, Any
         shutil.rmtree(run.bundle / "run", ignore_errors=True)  # checkpoints; the curve is in history.jsonl
         record = PublishRecord(config=run.state.config, stages=run.state.stages,
                                published_at=datetime.now(UTC).isoformat(timespec="seconds"))
-        write_json(run.bundle / "pipeline.json", record)
+        write_json(run.bundle / "pipeline.json", record.model_dump())
         carry_changes(artifacts, run.bundle)
         keep_report(run.folder / "tune", run.bundle)  # the search's report, when the config has `tune:`
         sync_tree(run.bundle)  # every file on disk before the rename publishes it

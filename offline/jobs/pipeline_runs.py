@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from offline.jobs.pipeline_config import PipelineConfig
 from offline.jobs.versions import CURRENT, LOCK, VERSIONS
-from retriever.atomic import atomic_write
+from retriever.atomic import write_json
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +46,10 @@ class RunState(BaseModel):
     """ARTIFACTS/work/<run>/state.json: the config a run was started with and its finished stages."""
 
     config_path: str
-    config: dict[str, Any]  # PipelineConfig.model_dump(mode="json"): what --resume matches on (`run_identity`)
+    config: dict[str, Any]  # PipelineConfig.model_dump(mode="json"): what --resume matches on (`pipeline_identity`)
     started_at: str
     stages: dict[str, StageRecord] = {}
     inputs: dict[str, Any] | None = None  # `run_inputs`, matched by --resume too (None: a run from before it)
-
-
-def write_json(path: Path, record: BaseModel) -> None:
-    # default=str as before the records were typed: a stage may report a value json cannot encode
-    text = json.dumps(record.model_dump(), indent=2, default=str)
-    atomic_write(path, lambda p: p.write_text(text))
 
 
 class Run:
@@ -84,7 +78,7 @@ class Run:
         self.save()
 
     def save(self) -> None:
-        write_json(self.folder / STATE, self.state)
+        write_json(self.folder / STATE, self.state.model_dump())  # default=str: a stage may report any value
 
 
 def new_run(artifacts: Path, config: PipelineConfig, config_path: Path) -> Run:
@@ -97,7 +91,7 @@ def new_run(artifacts: Path, config: PipelineConfig, config_path: Path) -> Run:
     return run
 
 
-def run_identity(config: dict[str, Any]) -> dict[str, Any]:
+def pipeline_identity(config: dict[str, Any]) -> dict[str, Any]:
     """A pipeline config's dump as --resume matches it: without `NOT_IDENTITY` (a run killed under --keep 3 was not
     resumed without it). warm_start stays: it changes the weights the training starts from."""
     return {key: value for key, value in config.items() if key not in NOT_IDENTITY}
@@ -131,13 +125,13 @@ def _pipeline_file(file: Path, artifacts: Path) -> bool:
 
 
 def resume_run(artifacts: Path, config: PipelineConfig) -> Run | None:
-    """The newest unpublished run of this config (`run_identity`) and these inputs (`run_inputs`), if any."""
+    """The newest unpublished run of this config (`pipeline_identity`) and these inputs (`run_inputs`), if any."""
     runs = sorted((artifacts / WORK).glob("*/" + STATE)) if (artifacts / WORK).is_dir() else []
     inputs = json.loads(json.dumps(run_inputs(config, artifacts)))  # as state.json reads back: lists, not tuples
     current = config.model_dump(mode="json")
     for state_file in reversed(runs):
         state = RunState.model_validate_json(state_file.read_text())
-        if run_identity(state.config) != run_identity(current) or "publish" in state.stages:
+        if pipeline_identity(state.config) != pipeline_identity(current) or "publish" in state.stages:
             continue
         if state.inputs is not None and state.inputs != inputs:
             changed = [name for name in ("retriever", "data") if state.inputs.get(name) != inputs.get(name)]

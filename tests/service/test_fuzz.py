@@ -34,7 +34,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from offline.bench.reliability import Started, write_json
+from offline.bench.reliability import Started
+from retriever.atomic import write_json
 from tests.service.support import Server, serving
 
 KEY = "fuzz-key"
