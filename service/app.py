@@ -24,6 +24,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Mount, Route
@@ -65,9 +66,10 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
     guarded = settings.api_key_value() is not None
     for router in ROUTERS:
         keyed = guarded and router in WRITES
-        # the key first (a 401 whatever the path), then the ids of the path and the query string: not UTF-8 is a
-        # 422, like an empty one
-        needs = [Depends(require_key)] * keyed + [Depends(utf8_path)] * _takes_ids(router) + [Depends(utf8_query)]
+        # the key first (a 401 whatever the path), then the ids of the path and the query values: not UTF-8 is a
+        # 422, like an empty one. Only where a route reads them: POST /recommend, the hot path, checks neither.
+        needs = ([Depends(require_key)] * keyed + [Depends(utf8_path)] * _takes_ids(router)
+                 + [Depends(utf8_query)] * _takes_query(router))
         app.include_router(router, dependencies=needs, responses=UNAUTHORIZED if keyed else None)
     app.mount("/static", StaticFiles(directory=web.STATIC), name="static")  # the page's scripts and styles
     return app
@@ -76,6 +78,11 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
 def _takes_ids(router: APIRouter) -> bool:
     """Whether a route of ``router`` has an id in its path (a ``{name:id}`` segment, `service.schemas`)."""
     return any(":id}" in getattr(route, "path", "") for route in router.routes)
+
+
+def _takes_query(router: APIRouter) -> bool:
+    """Whether a route of ``router`` reads query parameters (GET /items?query=...)."""
+    return any(route.dependant.query_params for route in router.routes if isinstance(route, APIRoute))
 
 
 @asynccontextmanager
