@@ -29,7 +29,7 @@ import torch
 from offline.data.prepared import PreparedDataset
 from offline.evaluation.breakdown import breakdown, model_ranks, training_counts
 from retriever.artifact import RetrieverArtifact, load_artifact
-from retriever.atomic import check_replaceable, replace_dir, staging_dir
+from retriever.atomic import check_replaceable, enclosing_seqrec_folder, replace_dir, staging_dir
 from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     from offline.data.prepared import load_prepared
 
     options = check_options(args)
+    above = enclosing_seqrec_folder(args.out)
+    if above is not None:  # inside a bundle it broke nothing, but inside a dataset it blocked `prepare --overwrite`
+        raise SeqrecError(f"--out {args.out} is inside {above[0]}, {above[1]}; write the report outside it")
     check_replaceable(args.out, lambda folder: (folder / "report.json").is_file(), "a seqrec analyze report")
     data = load_prepared(args.data)
     if options.k >= data.n_items:

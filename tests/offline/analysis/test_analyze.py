@@ -159,6 +159,11 @@ def test_mistakes_exit_1_and_keep_the_previous_report(setup: dict[str, Path], tm
     assert main([*base[:-1], str(other), "-q"]) == 1
     assert f"{other}: holds files that are not a seqrec analyze report" in capsys.readouterr().err
     assert load_prepared(other).n_items == 30
+    # inside a dataset or a bundle: the report would sit where `prepare --overwrite` or an export replaces the folder
+    for home in (setup["data"], setup["transformer"]):
+        assert main([*base[:-1], str(home / "report"), "-q"]) == 1
+        assert f"is inside {home}" in capsys.readouterr().err
+        assert not (home / "report").exists()
     none = tmp_path / "no-users"
     assert main([*base[:-1], str(none), "--users", "0", "--tsne-items", "20", "-q"]) == 0  # no predictions section
     assert json.loads((none / "report.json").read_text())["predictions"] == []
