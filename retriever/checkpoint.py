@@ -1,7 +1,8 @@
 """What ``--resume`` and model selection keep in a run folder.
 
-``last.pt`` (model, optimiser, RNG, early-stopping counters; rewritten atomically after every
-epoch), ``best.pt`` (weights of the best validation epoch) and ``history.jsonl``, plus the lock
+``last.pt`` (model, its moving average if kept, optimiser, RNG, early-stopping counters; rewritten
+atomically after every epoch), ``best.pt`` (weights of the best validation epoch: the average's when
+kept) and ``history.jsonl``, plus the lock
 that keeps one training process per folder.
 """
 
@@ -54,7 +55,7 @@ class TrainState:
 
 def save_checkpoint(
     run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator,
-    state: TrainState, config: RunConfig,
+    state: TrainState, config: RunConfig, averaged: torch.nn.Module | None = None,
 ) -> None:
     write_jsonl(run_dir / "history.jsonl", state.history)
     state.epoch = state.history[-1]["epoch"] if state.history else state.epoch
@@ -64,6 +65,7 @@ def save_checkpoint(
         "config": config.model_dump_json(),
         "state": {k: v for k, v in vars(state).items() if k != "history"},
         "history": json.dumps(state.history),
+        **({} if averaged is None else {"averaged": averaged.state_dict()}),
     }, run_dir / "last.pt")
 
 
@@ -98,9 +100,10 @@ class CheckpointMismatch(ConfigError):
 
 def load_checkpoint(
     run_dir: Path, model: Retriever, optimizer: torch.optim.Optimizer, generator: torch.Generator, config: RunConfig,
-    dist: Distributed | None = None,
+    dist: Distributed | None = None, averaged: torch.nn.Module | None = None,
 ) -> TrainState:
-    """Restore ``run_dir/last.pt``; under torchrun rank 0 reads the file and every rank loads its bytes."""
+    """Restore ``run_dir/last.pt`` (and the weights' moving average into ``averaged``, when the run keeps one);
+    under torchrun rank 0 reads the file and every rank loads its bytes."""
     path = run_dir / "last.pt"
     if dist is None:
         data = path.read_bytes() if path.exists() else None
@@ -114,6 +117,8 @@ def load_checkpoint(
         raise CheckpointMismatch(f"{path}: was written with a different config; resume with the same config or a new "
                                  "--out")
     model.load_state_dict(saved["model"])
+    if averaged is not None:
+        averaged.load_state_dict(saved["averaged"])
     optimizer.load_state_dict(saved["optimizer"])
     generator.set_state(saved["generator"])
     torch.set_rng_state(saved["torch_rng"])

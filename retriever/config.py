@@ -82,6 +82,9 @@ class TrainConfig(BaseModel):
         "prefixes: one window ending at every training target, trained at its last position only (the default "
         "and only choice for encoders whose states are not causal, e.g. BSARec; costs about the mean sequence "
         "length times more)")
+    ema_epochs: float | None = Field(
+        None, gt=0, description="validate, select and export an exponential moving average of the weights whose "
+        "horizon is this many epochs (None: the weights as trained)")
     seed: int = 42
     repeats: Literal["auto", "exclude", "allow"] = Field(
         "auto", description="may history items be recommended: exclude, allow, or auto (from the data's "

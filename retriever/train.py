@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from retriever.atomic import atomic_write
+from retriever.averaging import averaged_copy
 from retriever.checkpoint import (
     SELECTION_METRIC,
     TrainState,
@@ -76,6 +77,12 @@ class TrainingRun:
     run_dir: Path
     dist: Distributed | None = None
     progress: bool = True
+    averaged: nn.Module | None = None  # train.ema_epochs: the moving average of ``model`` (an AveragedModel)
+
+    @property
+    def evaluated(self) -> Retriever:
+        """The weights validation, early stopping and best.pt read: the moving average when the run keeps one."""
+        return self.model if self.averaged is None else self.averaged.module  # type: ignore[return-value]
 
     @property
     def main(self) -> bool:
@@ -228,7 +235,8 @@ def fit(
             raise ConfigError(f"train.batch_size={config.train.batch_size} must be divisible by the "
                               f"{dist.world_size} processes (each trains batch_size / processes windows a step)")
         objective = data_parallel(objective, device, windows[: config.train.batch_size // dist.world_size])
-    run = TrainingRun(config, model, objective, optimizer, ctx, run_dir, dist, progress)
+    averaged = averaged_copy(model, config, steps_per_epoch=-(-len(windows) // config.train.batch_size))
+    run = TrainingRun(config, model, objective, optimizer, ctx, run_dir, dist, progress, averaged)
     if run.main:
         run_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_run(run_dir) if run.main else contextlib.nullcontext():
@@ -239,8 +247,8 @@ def fit(
 
 def _fit_locked(run: TrainingRun, windows: Tensor, validate: Validate, resume: bool) -> FitResult:
     config, model, run_dir = run.config, run.model, run.run_dir
-    state = (load_checkpoint(run_dir, model, run.optimizer, run.generator, config, run.dist) if resume
-             else TrainState())
+    state = (load_checkpoint(run_dir, model, run.optimizer, run.generator, config, run.dist, run.averaged)
+             if resume else TrainState())
     steps_per_epoch = -(-len(windows) // config.train.batch_size)
     total_steps = steps_per_epoch * config.train.epochs
     device = windows.device
@@ -255,10 +263,10 @@ def _fit_locked(run: TrainingRun, windows: Tensor, validate: Validate, resume: b
         last_epoch = epoch == config.train.epochs or out_of_time(config, time.perf_counter() - started)
         if run.main:
             if epoch % config.train.eval_every == 0 or last_epoch:
-                model.eval()
-                metrics = validate(model)
+                run.evaluated.eval()
+                metrics = validate(run.evaluated)
                 record["valid"] = metrics
-                state.observe(epoch, metrics[SELECTION_METRIC], model, run_dir, time.perf_counter() - started)
+                state.observe(epoch, metrics[SELECTION_METRIC], run.evaluated, run_dir, time.perf_counter() - started)
             state.seconds = time.perf_counter() - started
             state.history.append(record)
             log_epoch(writer, record, device)
@@ -267,7 +275,7 @@ def _fit_locked(run: TrainingRun, windows: Tensor, validate: Validate, resume: b
             if plateau if run.dist is None else from_main(plateau):
                 start_decay(state, epoch, steps_per_epoch, config)
         if run.main:
-            save_checkpoint(run_dir, model, run.optimizer, run.generator, state, config)
+            save_checkpoint(run_dir, model, run.optimizer, run.generator, state, config, run.averaged)
         stop = run.main and _stops_after(config, state, epoch, last_epoch)
         if stop if run.dist is None else from_main(stop):  # every rank leaves the loop at rank 0's epoch
             break
@@ -346,6 +354,8 @@ def run_epoch(
         for group in run.optimizer.param_groups:
             group["lr"] = lr
         loss, grad_norm = train_step(run.model, batch, run.optimizer, config, run.ctx, objective=run.objective)
+        if run.averaged is not None:
+            run.averaged.update_parameters(run.model)  # type: ignore[operator]
         if dist is not None:
             loss = mean_over_ranks(loss)
         if not math.isfinite(loss):  # every later step and every score would be NaN too
