@@ -43,10 +43,11 @@ from service.settings import Settings
 from service.store import ForeignHistory, StoreUnavailable, make_store
 
 log = logging.getLogger("seqrec.service")
-# In the order the routes are matched and documented; `WRITES` need the API key when the service has one.
-ROUTERS = (recommend.router, events.writes, history.router, history.writes, items.router, web.router,
-           health.router, admin.writes, catalog.writes)
-WRITES = (events.writes, history.writes, admin.writes, catalog.writes)
+# In the order the routes are matched and documented; `KEYED` need the API key when the service has one (the
+# writes, /admin, and GET /users/{id}/history: a stored history is personal data).
+ROUTERS = (recommend.router, events.keyed, history.keyed, items.router, web.router, health.router, admin.keyed,
+           catalog.keyed)
+KEYED = (events.keyed, history.keyed, admin.keyed, catalog.keyed)
 
 
 def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None) -> FastAPI:
@@ -62,10 +63,10 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
                   description="Two-stage sequential recommendations: retrieval over a FAISS index, then reranking.")
     app.add_middleware(_Measured, metrics=metrics)
     app.add_middleware(_HeadAsGet)
-    # Without a key, writes are open, and the OpenAPI document says so (no security scheme, no 401).
+    # Without a key, every route is open, and the OpenAPI document says so (no security scheme, no 401).
     guarded = settings.api_key_value() is not None
     for router in ROUTERS:
-        keyed = guarded and router in WRITES
+        keyed = guarded and router in KEYED
         # the key first (a 401 whatever the path), then the ids of the path and the query values: not UTF-8 is a
         # 422, like an empty one. Only where a route reads them: POST /recommend, the hot path, checks neither.
         needs = ([Depends(require_key)] * keyed + [Depends(utf8_path)] * _takes_ids(router)

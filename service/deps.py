@@ -1,5 +1,6 @@
 """What routes declare they need: the app's state (settings, engine, history store, metrics), the API-key
-check of the write routes and the UTF-8 check of the routes with ids in their paths."""
+check of the keyed routes (writes, /admin, stored histories) and the UTF-8 check of the routes with ids in their
+paths."""
 
 from __future__ import annotations
 
@@ -55,14 +56,15 @@ StateDep = Annotated[State, Depends(get_state)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 StoreDep = Annotated[HistoryStore, Depends(get_store)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-# Declared in the OpenAPI document as the security scheme of the write routes; `require_key` checks it.
+# Declared in the OpenAPI document as the security scheme of the keyed routes; `require_key` checks it.
 BearerDep = Annotated[HTTPAuthorizationCredentials | None,
-                      Security(HTTPBearer(auto_error=False, description="SEQREC_API_KEY, needed on writes and /admin "
-                                                                        "when the service has one"))]
+                      Security(HTTPBearer(auto_error=False, description="SEQREC_API_KEY, needed on writes, /admin and "
+                                                                        "GET /users/{id}/history when the service has "
+                                                                        "one"))]
 
 
 async def require_key(credentials: BearerDep, state: StateDep) -> None:
-    """401 unless the request carries the service's key; installed on the write routes only when there is one."""
+    """401 unless the request carries the service's key; installed on the keyed routes only when there is one."""
     # Constant-time over bytes: the key is printable ASCII (`Settings`); a header is read as Latin-1, so its bytes
     # are compared as sent (UTF-8 bytes of a non-ASCII value never equal an ASCII key)
     key = (state.settings.api_key_value() or "").encode()

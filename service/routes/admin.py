@@ -11,10 +11,10 @@ from service.deps import StateDep
 from service.reloading import reload_current
 from service.schemas import REFUSED, TOO_LARGE, ReloadResponse
 
-writes = APIRouter()
+keyed = APIRouter()
 
 
-@writes.post("/admin/reload", response_model=ReloadResponse, responses={**REFUSED, **TOO_LARGE})
+@keyed.post("/admin/reload", response_model=ReloadResponse, responses={**REFUSED, **TOO_LARGE})
 async def reload(s: StateDep) -> dict[str, Any]:
     """Reload this worker; with several workers the others follow within SEQREC_RELOAD_POLL_S (`service.reloading`)."""
     try:

@@ -44,11 +44,11 @@ from service.schemas import (
 
 log = logging.getLogger("seqrec.service")
 
-writes = APIRouter()
+keyed = APIRouter()
 
 
-@writes.post("/admin/items", response_model=CatalogueChangeResponse, response_model_exclude_none=True,
-             responses={**UNREADABLE, **INVALID, **TOO_LARGE, **CONFLICT, **JOURNAL_DOWN})
+@keyed.post("/admin/items", response_model=CatalogueChangeResponse, response_model_exclude_none=True,
+            responses={**UNREADABLE, **INVALID, **TOO_LARGE, **CONFLICT, **JOURNAL_DOWN})
 async def add_items(body: AddItemsRequest, engine: EngineDep) -> dict[str, Any]:
     rows = [item.model_dump(exclude_none=True) for item in body.items]
     _check_columns(engine.bundle, rows)
@@ -67,8 +67,8 @@ async def add_items(body: AddItemsRequest, engine: EngineDep) -> dict[str, Any]:
     return {**_summary(new), "items": [_added(new, row) for row in rows]}
 
 
-@writes.delete("/admin/items/{item_id:id}", response_model=RetireResponse,
-               responses={**INVALID, **UNKNOWN_ITEM, **JOURNAL_DOWN})
+@keyed.delete("/admin/items/{item_id:id}", response_model=RetireResponse,
+              responses={**INVALID, **UNKNOWN_ITEM, **JOURNAL_DOWN})
 async def retire_item(item_id: PathId, engine: EngineDep) -> dict[str, Any]:
     already = False
 

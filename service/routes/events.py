@@ -10,11 +10,11 @@ from service.deps import EngineDep, StoreDep
 from service.schemas import FOREIGN, INVALID, STORE_DOWN, TOO_LARGE, UNREADABLE, EventBatch, EventIn, EventsResponse
 from service.store import Event
 
-writes = APIRouter()
+keyed = APIRouter()
 
 
-@writes.post("/events", response_model=EventsResponse,
-             responses={**UNREADABLE, **INVALID, **TOO_LARGE, **STORE_DOWN, **FOREIGN})
+@keyed.post("/events", response_model=EventsResponse,
+            responses={**UNREADABLE, **INVALID, **TOO_LARGE, **STORE_DOWN, **FOREIGN})
 async def events(body: EventIn | EventBatch, engine: EngineDep, store: StoreDep) -> dict[str, Any]:
     batch = body.events if isinstance(body, EventBatch) else [body]
     per_user: dict[str, list[Event]] = {}

@@ -4,8 +4,8 @@
 
 const $ = (id) => document.getElementById(id);
 // loaded: the stored user whose history was last loaded (or saved and shown again), with the entries loaded and
-// the newest stored timestamp; null before any load.
-const state = {history: [], apiKey: null, last: null, loaded: null};
+// the newest stored timestamp; null before any load. keyRetry: the load or save a 401 stopped (`askForKey`).
+const state = {history: [], apiKey: null, keyRetry: null, last: null, loaded: null};
 
 class ApiError extends Error {
   constructor(status, detail) {
@@ -167,16 +167,36 @@ async function showStored(user, message) {
   renderHistory(message || (items.length ? `Loaded the history of ${user}.` : `${user} has no stored history.`));
 }
 
+// A service with an API key needs it to save and to read a stored history. Its 401 (no key sent, or a wrong one)
+// shows the key row; the row's button, or Enter in it, runs `retry` again with the key typed.
+function askForKey(doing, button, retry) {
+  state.apiKey = null;
+  state.keyRetry = retry;
+  $("retry-with-key").textContent = button;
+  $("key-row").hidden = false;
+  $("api-key").focus();
+  showError(`${doing} needs the service's API key: type it below.`);
+}
+
+function retryWithKey(event) {
+  event?.preventDefault();  // Enter in the key field would submit the form, a load without the key
+  state.apiKey = $("api-key").value || null;
+  state.keyRetry?.();
+}
+
 async function loadUser(event) {
-  event.preventDefault();
+  event?.preventDefault();
   showError("");
   const user = $("user-id").value.trim();
   if (!user) return showError("Type a user id first.");
   try {
     await showStored(user);
   } catch (err) {
+    if (err.status === 401) return askForKey("Loading a stored history", "Load with key", loadUser);
     showError(`Loading the history failed: ${err.message}`);
+    return;
   }
+  $("key-row").hidden = true;
 }
 
 async function saveUser() {
@@ -200,14 +220,8 @@ async function saveUser() {
   try {
     body = await api("events", {method: "POST", body: JSON.stringify({events})});
   } catch (err) {
-    if (err.status === 401) {
-      state.apiKey = null;
-      $("key-row").hidden = false;
-      $("api-key").focus();
-      showError("Saving needs the service's API key: type it below.");
-    } else {
-      showError(`Saving failed: ${err.message}`);
-    }
+    if (err.status === 401) return askForKey("Saving", "Save with key", saveUser);
+    showError(`Saving failed: ${err.message}`);
     return;
   }
   $("key-row").hidden = true;
@@ -219,11 +233,6 @@ async function saveUser() {
     $("history-status").textContent = saved;
     showError(`Reading the saved history back failed: ${err.message}`);
   }
-}
-
-function saveWithKey() {
-  state.apiKey = $("api-key").value || null;
-  saveUser();
 }
 
 // --- recommendations ---
@@ -325,7 +334,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("search-form").addEventListener("submit", search);
   $("user-form").addEventListener("submit", loadUser);
   $("save-user").addEventListener("click", saveUser);
-  $("save-with-key").addEventListener("click", saveWithKey);
+  $("retry-with-key").addEventListener("click", retryWithKey);
+  $("api-key").addEventListener("keydown", (event) => { if (event.key === "Enter") retryWithKey(event); });
   $("clear-history").addEventListener("click", () => { state.history = []; renderHistory("Cleared."); });
   $("rec-form").addEventListener("submit", recommend);
   $("rerank").addEventListener("change", renderResults);

@@ -2,8 +2,8 @@
 against a real server on the tiny bundle with its LightGBM ranker (or, with SEQREC_WEB_TEST_ARTIFACTS=DIR, on
 the bundle DIR serves, e.g. the demo's): search, add three items (one by keyboard),
 recommend, compare the retriever's and the reranker's orders, toggle rerank, reorder and remove, ask for the API
-key on a save; a loaded user (more events stored than the max_len the page shows) is asked for by id, so nothing
-it has seen comes back, and a save after a load appends only the items added. Screenshots go to
+key on a load and on a save; a loaded user (more events stored than the max_len the page shows) is asked for by
+id, so nothing it has seen comes back, and a save after a load appends only the items added. Screenshots go to
 ``test-artifacts/web/`` at the repository root (ignored by git).
 
 Without /usr/bin/chromium the test is skipped, except in CI (``CI=true``), where it fails."""
@@ -223,30 +223,59 @@ def test_search_build_history_and_compare_orders(driver: Any, page_api: Server) 
     assert not _console_errors(driver)
 
 
-def test_load_a_stored_history_and_save_with_the_key(driver: Any, keyed: Server) -> None:
+def _asks_for_the_key(driver: Any, doing: str, button: str) -> None:
+    """The key row shown, focus in its field, the error naming what needs the key, the button saying what it does."""
     from selenium.webdriver.common.by import By
 
+    _wait(driver, lambda d: d.find_element(By.ID, "key-row").is_displayed(), "the API key prompt")
+    assert driver.find_element(By.ID, "error").text == f"{doing} needs the service's API key: type it below."
+    assert driver.switch_to.active_element.get_attribute("id") == "api-key"
+    assert driver.find_element(By.ID, "retry-with-key").text == button
+
+
+def test_load_a_stored_history_and_save_with_the_key(driver: Any, keyed: Server) -> None:
+    """A stored history is personal data: on a service with a key, loading one asks for the key, as saving does."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    auth = {"Authorization": f"Bearer {KEY}"}
     stored = [i["item_id"] for i in httpx.get(f"{keyed.url}/items", params={"limit": 2}).json()["items"]]
     events = [{"user_id": "web-alice", "item_id": item, "timestamp": 1000 + n} for n, item in enumerate(stored)]
-    assert httpx.post(f"{keyed.url}/events", json={"events": events}, headers={"Authorization": f"Bearer {KEY}"}
-                      ).status_code == 200
+    assert httpx.post(f"{keyed.url}/events", json={"events": events}, headers=auth).status_code == 200
     driver.get(f"{keyed.url}/")
     driver.find_element(By.ID, "user-id").send_keys("web-alice")
-    driver.find_element(By.ID, "load-user").click()  # reads need no key
+    driver.find_element(By.ID, "load-user").click()
+    _asks_for_the_key(driver, "Loading a stored history", "Load with key")
+    assert _ids(driver, "history") == []  # nothing of web-alice's shown
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    _full_page_screenshot(driver, ARTIFACTS / "key-prompt.png")
+    driver.find_element(By.ID, "api-key").send_keys("wrong-key")
+    driver.find_element(By.ID, "retry-with-key").click()  # a wrong key: asked again
+    _wait(driver, lambda d: d.find_element(By.ID, "api-key") == d.switch_to.active_element
+          and d.find_element(By.ID, "error").is_displayed(), "the prompt again")
+    _asks_for_the_key(driver, "Loading a stored history", "Load with key")
+    driver.find_element(By.ID, "api-key").clear()
+    driver.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)  # Enter in the key field loads with it
     _wait(driver, lambda d: _ids(d, "history") == stored, "the stored history")
+    assert not driver.find_element(By.ID, "key-row").is_displayed()
+    assert not driver.find_element(By.ID, "error").is_displayed()
+    assert "Loaded the history of web-alice" in driver.find_element(By.ID, "history-status").text
 
-    driver.find_element(By.ID, "user-id").clear()
+    # A fresh page has no key: saving asks for it, and the key row then saves.
+    driver.get(f"{keyed.url}/")
+    _add_by_search(driver, stored[0], keyboard=False)
+    _add_by_search(driver, stored[1], keyboard=False)
+    _wait(driver, lambda d: _ids(d, "history") == stored, "the history of two items")
     driver.find_element(By.ID, "user-id").send_keys("web-bob")
     driver.find_element(By.ID, "save-user").click()
-    _wait(driver, lambda d: d.find_element(By.ID, "key-row").is_displayed(), "the API key prompt")
-    assert "API key" in driver.find_element(By.ID, "error").text
-    assert driver.switch_to.active_element.get_attribute("id") == "api-key"
+    _asks_for_the_key(driver, "Saving", "Save with key")
     driver.find_element(By.ID, "api-key").send_keys(KEY)
-    driver.find_element(By.ID, "save-with-key").click()
+    driver.find_element(By.ID, "retry-with-key").click()
     _wait(driver, lambda d: "Saved 2 events" in d.find_element(By.ID, "history-status").text, "the save")
-    saved = httpx.get(f"{keyed.url}/users/web-bob/history").json()["items"]
+    assert not driver.find_element(By.ID, "key-row").is_displayed()
+    saved = httpx.get(f"{keyed.url}/users/web-bob/history", headers=auth).json()["items"]
     assert [e["item_id"] for e in saved] == stored
-    # 401s in the console are the expected first save; nothing else may fail.
+    # 401s in the console are the expected first load, wrong key and first save; nothing else may fail.
     assert not [e for e in _console_errors(driver) if "401" not in e]
 
 
