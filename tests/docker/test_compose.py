@@ -85,9 +85,10 @@ def api_and_trainer_problems(api: dict[str, Any], trainer: dict[str, Any]) -> li
     written = volumes(trainer, "volume").get("artifacts")
     if written is None or written[1] or written[0] != out:
         problems.append(f"trainer's --out {out} is not the writable artifacts volume ({written})")
-    read = volumes(api, "volume").get("artifacts")
-    if read is None or not read[1] or read[0] != environment(api).get("SEQREC_ARTIFACTS"):
-        problems.append(f"api's SEQREC_ARTIFACTS is not the read-only artifacts volume ({read})")
+    # Writable: the catalogue journal of /admin/items is written beside the served bundle (service/catalog.py).
+    served = volumes(api, "volume").get("artifacts")
+    if served is None or served[1] or served[0] != environment(api).get("SEQREC_ARTIFACTS"):
+        problems.append(f"api's SEQREC_ARTIFACTS is not the writable artifacts volume ({served})")
     return problems
 
 
@@ -228,7 +229,7 @@ BREAKAGES = [
     (_set(["services", "api", "depends_on", "trainer", "condition"], "service_started"), "depends_on"),
     (_set(["services", "trainer", "restart"], "always"), "one-shot"),
     (_set(["services", "trainer", "healthcheck"], None), "image's healthcheck"),
-    (_set(["services", "api", "volumes"], ["artifacts:/artifacts"]), "read-only"),
+    (_set(["services", "api", "volumes"], ["artifacts:/artifacts:ro"]), "api's SEQREC_ARTIFACTS is not the writable"),
     (_set(["services", "trainer", "command"], ["seqrec", "pipeline", "--out", "/tmp/x"]), "--out"),
     (_set(["services", "worker"], {"image": "busybox"}), "expected api, lb, redis, trainer"),
     (_set(["services", "api", "ports"], ["8000:8000"]), "api publishes ports"),
