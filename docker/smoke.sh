@@ -11,22 +11,28 @@
 # 3. builds seqrec:cpu from docker/Dockerfile on that base, with torch from a local wheel when
 #    pip's find-links folder has the CPU wheel (copied into docker/wheels/), else from the index;
 # 4. `docker compose up` with docker-compose.yml plus docker/compose.local.yml (host network;
-#    ports below), the trainer on configs/pipeline/demo.yaml (the demo pipeline);
+#    ports below; two api replicas, `api` and `api-2`, behind the lb), the trainer on
+#    configs/pipeline/demo.yaml (the demo pipeline);
 # 5. waits for a 200 from POST /recommend through the lb, sends POST /events through it, checks
-#    that /readyz reports a reachable, writable Redis; 6. `docker compose down -v`.
+#    that /readyz reports a reachable, writable Redis;
+# 6. retires (DELETE /admin/items/{id} through the lb) an item a recommendation returned, waits
+#    SEQREC_SMOKE_FOLLOW_S, then checks that no answer through the lb returns it and that both
+#    replicas answered some (their /metrics); 7. `docker compose down -v`.
 # Each step prints its time; the first failure stops the run (exit 1) with the containers' logs.
 # --measure: builds the image without the cache, and after step 5 takes `docker stats` and the
 # api's latency at 50 r/s through the lb, then straight to the api (offline/bench/docker_smoke.py,
 # run by SEQREC_SMOKE_PYTHON, default .venv/bin/python), into docs/results/docker/smoke.json.
 # --keep: leaves the stack up (no `down -v`).
 #
-# Environment: SEQREC_SMOKE_PORT (lb, 18080), SEQREC_SMOKE_API_PORT (18081),
-# SEQREC_SMOKE_REDIS_PORT (16380), SEQREC_SMOKE_PROJECT (compose project, seqrec-smoke),
+# Environment: SEQREC_SMOKE_PORT (lb, 18080), SEQREC_SMOKE_API_PORT and SEQREC_SMOKE_API2_PORT
+# (the replicas, 18081 and 18082), SEQREC_SMOKE_REDIS_PORT (16380), SEQREC_SMOKE_PROJECT (compose
+# project, seqrec-smoke), SEQREC_SMOKE_FOLLOW_S (6: three of the compose file's 2 s reload polls),
 # SEQREC_SMOKE_BASE (force a base image), SEQREC_SMOKE_LOCAL=1 (build the local images even if
 # the official ones could be pulled), SEQREC_SMOKE_RATE / _DURATION (50 r/s, 30 s),
 # SEQREC_SMOKE_NOTE (what else ran on the machine: goes into the result file),
 # SEQREC_SMOKE_PIPELINE_CONFIG (the trainer's config; configs/pipeline/smoke.yaml, the demo with
-# 3 epochs per retriever, for a busy machine).
+# 3 epochs per retriever, for a busy machine). SEQREC_API_KEY, when set, goes to the api (compose)
+# and with the DELETE.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -44,9 +50,11 @@ done
 
 export SEQREC_SMOKE_PORT=${SEQREC_SMOKE_PORT:-18080}
 export SEQREC_SMOKE_API_PORT=${SEQREC_SMOKE_API_PORT:-18081}
+export SEQREC_SMOKE_API2_PORT=${SEQREC_SMOKE_API2_PORT:-18082}
 export SEQREC_SMOKE_REDIS_PORT=${SEQREC_SMOKE_REDIS_PORT:-16380}
 export SEQREC_PIPELINE_CONFIG=${SEQREC_SMOKE_PIPELINE_CONFIG:-configs/pipeline/demo.yaml}
 export COMPOSE_PROJECT_NAME=${SEQREC_SMOKE_PROJECT:-seqrec-smoke}
+FOLLOW_S=${SEQREC_SMOKE_FOLLOW_S:-6}
 LB=http://127.0.0.1:$SEQREC_SMOKE_PORT
 LOCAL_BASE=local/bookworm-py
 WORK=$(mktemp -d /tmp/seqrec-smoke.XXXXXX)
@@ -218,10 +226,10 @@ build_image() {
 
 nginx_conf() {
     export SEQREC_SMOKE_NGINX_CONF=$WORK/nginx.conf
-    sed -e "s/server api:8000 resolve;/server 127.0.0.1:$SEQREC_SMOKE_API_PORT;/" \
+    sed -e "s/server api:8000 resolve;/server 127.0.0.1:$SEQREC_SMOKE_API_PORT;\n        server 127.0.0.1:$SEQREC_SMOKE_API2_PORT;/" \
         -e "s/listen 8000;/listen 127.0.0.1:$SEQREC_SMOKE_PORT;/" \
         -e "s/resolver 127\.0\.0\.11 /resolver 127.0.0.1 /" docker/nginx.conf > "$SEQREC_SMOKE_NGINX_CONF"
-    grep -q "server 127.0.0.1:$SEQREC_SMOKE_API_PORT;" "$SEQREC_SMOKE_NGINX_CONF" \
+    grep -q "server 127.0.0.1:$SEQREC_SMOKE_API2_PORT;" "$SEQREC_SMOKE_NGINX_CONF" \
         && grep -q "listen 127.0.0.1:$SEQREC_SMOKE_PORT;" "$SEQREC_SMOKE_NGINX_CONF" \
         || { echo "docker/nginx.conf: no 'server api:8000 resolve;' or 'listen 8000;' line to replace"; return 1; }
     chmod 644 "$SEQREC_SMOKE_NGINX_CONF"
@@ -268,12 +276,44 @@ readyz() {
     grep -q '"store":{"kind":"redis","reachable":true,"writable":true}' "$WORK/readyz.json"
 }
 
+# POST /recommend 200s a replica has answered, from its own /metrics (0 before the first).
+recommended() {
+    curl -sS "http://127.0.0.1:$1/metrics" | awk '/^seqrec_requests_total\{/ && /route="\/recommend"/ \
+        && /method="POST"/ && /status="200"/ { n += $2 } END { printf "%d\n", n }'
+}
+
+# A catalogue change that the lb sends to one replica reaches the other (each polls the journal).
+retired_everywhere() {
+    local item code i stale=0 auth=() before=() after=() answered=()
+    code=$(post /recommend "{\"history\": [$ITEMS], \"k\": 5}") && [ "$code" = 200 ] || return 1
+    item=$(grep -o '"item_id":"[^"]*"' "$WORK/answer.json" | head -n 1 | cut -d '"' -f 4)
+    [ -n "${SEQREC_API_KEY:-}" ] && auth=(-H "Authorization: Bearer $SEQREC_API_KEY")
+    code=$(curl -sS -o "$WORK/answer.json" -w '%{http_code}' -X DELETE "${auth[@]}" "$LB/admin/items/$item") || return 1
+    echo "DELETE /admin/items/$item through the lb: $code $(cat "$WORK/answer.json")"
+    [ "$code" = 200 ] && grep -q '"retired":true' "$WORK/answer.json" || return 1
+    before=("$(recommended "$SEQREC_SMOKE_API_PORT")" "$(recommended "$SEQREC_SMOKE_API2_PORT")")
+    sleep "$FOLLOW_S"
+    for i in $(seq 20); do
+        code=$(post /recommend "{\"history\": [$ITEMS], \"k\": 5}") && [ "$code" = 200 ] \
+            || { echo "request $i: $code"; return 1; }
+        grep -q "\"item_id\":\"$item\"" "$WORK/answer.json" && stale=$((stale + 1))
+    done
+    after=("$(recommended "$SEQREC_SMOKE_API_PORT")" "$(recommended "$SEQREC_SMOKE_API2_PORT")")
+    answered=($((after[0] - before[0])) $((after[1] - before[1])))
+    echo "20 POST /recommend through the lb $FOLLOW_S s after the DELETE: the replicas on ports" \
+        "$SEQREC_SMOKE_API_PORT and $SEQREC_SMOKE_API2_PORT answered ${answered[0]} and ${answered[1]};" \
+        "$stale returned $item"
+    [ "${answered[0]}" -gt 0 ] && [ "${answered[1]}" -gt 0 ] || { echo "a replica answered none"; return 1; }
+    [ "$stale" = 0 ] || { echo "$stale answers returned the retired item $item"; return 1; }
+}
+
 measure() {
     docker stats --no-stream --format '{{.Name}}\t{{.MemUsage}}\t{{.CPUPerc}}' \
         $("${COMPOSE[@]}" ps -q) > "$WORK/stats.tsv" || return 1
     cat "$WORK/stats.tsv"
     PYTHONPATH=$REPO OMP_NUM_THREADS=1 "${SEQREC_SMOKE_PYTHON:-$REPO/.venv/bin/python}" -m offline.bench.docker_smoke \
         --url "$LB" --direct-url "http://127.0.0.1:$SEQREC_SMOKE_API_PORT" --items "$WORK/items.txt" --times "$TIMES" --stats "$WORK/stats.tsv" \
+        --project "$COMPOSE_PROJECT_NAME" \
         --image-size "$(awk '{ print $2 }' "$WORK/image-size")" --base "$BASE" --pipeline-config "$SEQREC_PIPELINE_CONFIG" \
         --rate "${SEQREC_SMOKE_RATE:-50}" --duration "${SEQREC_SMOKE_DURATION:-30}" \
         --note "${SEQREC_SMOKE_NOTE:-}" --out docs/results/docker/smoke.json
@@ -297,6 +337,7 @@ step "compose up (the trainer runs first)" compose_up
 step "first 200 from POST /recommend through the lb" first_recommend
 step "POST /events through the lb" events
 step "/readyz reports Redis" readyz
+step "a retired item leaves every replica" retired_everywhere
 [ "$MEASURE" = 1 ] && step "measure" measure
 [ "$KEEP" = 0 ] && step "compose down -v" compose_down
 say "passed"

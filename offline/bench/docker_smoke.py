@@ -53,13 +53,13 @@ def read_times(path: Path) -> dict[str, float]:
     return times
 
 
-def read_stats(path: Path) -> dict[str, dict[str, Any]]:
+def read_stats(path: Path, project: str) -> dict[str, dict[str, Any]]:
     """`docker stats --no-stream --format '{{.Name}}\\t{{.MemUsage}}\\t{{.CPUPerc}}'` by compose service
-    (the container name's middle part: seqrec-smoke-api-1 -> api)."""
+    (the container name less the project and the replica number: seqrec-smoke-api-2-1 -> api-2)."""
     stats: dict[str, dict[str, Any]] = {}
     for line in path.read_text().splitlines():
         name, usage, cpu = line.split("\t")
-        service = re.sub(r"^.*?[-_](\w+)[-_]\d+$", r"\1", name)
+        service = re.sub(r"-\d+$", "", name.removeprefix(f"{project}-"))
         used = parse_size(usage.split("/")[0])
         stats[service] = {"container": name, "mem_usage_mib": round(used / 2**20, 1), "cpu_percent": cpu}
     return stats
@@ -80,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--items", type=Path, required=True, help="catalogue item ids, one a line")
     parser.add_argument("--times", type=Path, required=True, help="the smoke's step<TAB>seconds file")
     parser.add_argument("--stats", type=Path, required=True, help="docker stats: name<TAB>usage<TAB>cpu")
+    parser.add_argument("--project", default="seqrec-smoke", help="the compose project the containers are named by")
     parser.add_argument("--image-size", type=int, required=True, help="seqrec:cpu's size in bytes")
     parser.add_argument("--base", required=True, help="the base image the CPU image was built on")
     parser.add_argument("--pipeline-config", required=True, help="the trainer's pipeline config")
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pipeline_config": args.pipeline_config,
         "image": {"name": "seqrec:cpu", "size_bytes": args.image_size, "size_mib": round(args.image_size / 2**20, 1)},
         "step_seconds": read_times(args.times),
-        "containers": read_stats(args.stats),
+        "containers": read_stats(args.stats, args.project),
         "load": {"route": "POST /recommend through the lb (nginx), loopback",
                  "payloads": "200 histories of 20-50 catalogue items, k=10, the bundle's depth and ranker",
                  **load.to_dict()},
