@@ -78,3 +78,16 @@ def test_resume_continues_the_average(tmp_path: Path) -> None:
 def test_a_non_positive_horizon_is_refused() -> None:
     with pytest.raises(ConfigError, match="ema_epochs"):
         config_from_dict({"train": {"ema_epochs": 0}})
+
+
+def test_the_average_leaves_training_as_it_was(tmp_path: Path) -> None:
+    """Only what validation reads changes: the losses, step by step, are those of the run without it."""
+    split = leave_one_out(_cycle_sequences(n_users=60))
+    validate = _validate_fn(split, 30)
+    with_ema = fit(config_from_dict(EMA), split.train.offsets, split.train.items, 30, validate, tmp_path / "a",
+                   progress=False)
+    raw = {**EMA, "train": {**EMA["train"], "ema_epochs": None}}
+    without = fit(config_from_dict(raw), split.train.offsets, split.train.items, 30, validate, tmp_path / "b",
+                  progress=False)
+    assert [r["loss"] for r in with_ema.history] == [r["loss"] for r in without.history]
+    assert [r["valid"]["NDCG@10"] for r in with_ema.history] != [r["valid"]["NDCG@10"] for r in without.history]
