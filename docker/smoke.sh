@@ -19,9 +19,10 @@
 #    SEQREC_SMOKE_FOLLOW_S, then checks that no answer through the lb returns it and that both
 #    replicas answered some (their /metrics); 7. `docker compose down -v`.
 # Each step prints its time; the first failure stops the run (exit 1) with the containers' logs.
-# --measure: builds the image without the cache, and after step 5 takes `docker stats` and the
-# api's latency at 50 r/s through the lb, then straight to the api (offline/bench/docker_smoke.py,
-# run by SEQREC_SMOKE_PYTHON, default .venv/bin/python), into docs/results/docker/smoke.json.
+# --measure: builds the image without the cache, and after step 6 (one item retired) takes
+# `docker stats` and the api's latency at 50 r/s through the lb, then straight to the api
+# (offline/bench/docker_smoke.py, run by SEQREC_SMOKE_PYTHON, default .venv/bin/python), into
+# docs/results/docker/smoke.json.
 # --keep: leaves the stack up (no `down -v`).
 #
 # Environment: SEQREC_SMOKE_PORT (lb, 18080), SEQREC_SMOKE_API_PORT and SEQREC_SMOKE_API2_PORT
