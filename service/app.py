@@ -44,7 +44,8 @@ from service.store import ForeignHistory, StoreUnavailable, make_store
 
 log = logging.getLogger("seqrec.service")
 # In the order the routes are matched and documented; `KEYED` need the API key when the service has one (the
-# writes, /admin, and GET /users/{id}/history: a stored history is personal data).
+# writes, /admin, and GET /users/{id}/history: a stored history is personal data). POST /recommend checks the key
+# itself, for a body with a user_id only; a service with a key documents it as `recommend.guarded`.
 ROUTERS = (recommend.router, events.keyed, history.keyed, items.router, web.router, health.router, admin.keyed,
            catalog.keyed)
 KEYED = (events.keyed, history.keyed, admin.keyed, catalog.keyed)
@@ -71,7 +72,8 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
         # 422, like an empty one. Only where a route reads them: POST /recommend, the hot path, checks neither.
         needs = ([Depends(require_key)] * keyed + [Depends(utf8_path)] * _takes_ids(router)
                  + [Depends(utf8_query)] * _takes_query(router))
-        app.include_router(router, dependencies=needs, responses=UNAUTHORIZED if keyed else None)
+        documented = recommend.guarded if guarded and router is recommend.router else router
+        app.include_router(documented, dependencies=needs, responses=UNAUTHORIZED if keyed else None)
     app.mount("/static", StaticFiles(directory=web.STATIC), name="static")  # the page's scripts and styles
     return app
 

@@ -1,6 +1,6 @@
 """What routes declare they need: the app's state (settings, engine, history store, metrics), the API-key
-check of the keyed routes (writes, /admin, stored histories) and the UTF-8 check of the routes with ids in their
-paths."""
+check of the keyed routes (writes, /admin, stored histories; `check_key` for POST /recommend with a user_id, which
+checks it in the route) and the UTF-8 check of the routes with ids in their paths."""
 
 from __future__ import annotations
 
@@ -57,18 +57,23 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 StoreDep = Annotated[HistoryStore, Depends(get_store)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 # Declared in the OpenAPI document as the security scheme of the keyed routes; `require_key` checks it.
-BearerDep = Annotated[HTTPAuthorizationCredentials | None,
-                      Security(HTTPBearer(auto_error=False, description="SEQREC_API_KEY, needed on writes, /admin and "
-                                                                        "GET /users/{id}/history when the service has "
-                                                                        "one"))]
+BEARER = HTTPBearer(auto_error=False, description="SEQREC_API_KEY, needed on writes, /admin, "
+                                                  "GET /users/{id}/history and POST /recommend with a user_id when "
+                                                  "the service has one")
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
 async def require_key(credentials: BearerDep, state: StateDep) -> None:
     """401 unless the request carries the service's key; installed on the keyed routes only when there is one."""
+    check_key(credentials, state.settings.api_key_value() or "")
+
+
+def check_key(credentials: HTTPAuthorizationCredentials | None, key: str) -> None:
+    """401 unless ``credentials`` (`BEARER`'s reading of the request) carry ``key``: `require_key`, and POST
+    /recommend for a request with a user_id (its body says whether it needs the key)."""
     # Constant-time over bytes: the key is printable ASCII (`Settings`); a header is read as Latin-1, so its bytes
     # are compared as sent (UTF-8 bytes of a non-ASCII value never equal an ASCII key)
-    key = (state.settings.api_key_value() or "").encode()
-    if credentials is None or not hmac.compare_digest(credentials.credentials.encode("latin-1"), key):
+    if credentials is None or not hmac.compare_digest(credentials.credentials.encode("latin-1"), key.encode()):
         raise HTTPException(401, "this endpoint needs `Authorization: Bearer <SEQREC_API_KEY>`",
                             headers={"WWW-Authenticate": "Bearer"})
 

@@ -356,6 +356,10 @@ INVALID: Responses = {422: {"model": InvalidRequest, "description": "a field is 
 UNREADABLE: Responses = {400: {"model": Problem, "description": "the body is not text (not UTF-8), so not JSON"}}
 UNAUTHORIZED: Responses = {401: {"model": Problem, "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
                                   "description": "SEQREC_API_KEY is set and `Authorization: Bearer <key>` is not"}}
+# POST /recommend's: only a body that names a user (its stored history and seen set) needs the key
+BY_USER: Responses = {401: {**UNAUTHORIZED[401], "description": "SEQREC_API_KEY is set, the body has a `user_id` and "
+                                                                "`Authorization: Bearer <key>` is not (a body with "
+                                                                "only a `history` needs no key)"}}
 TOO_LARGE: Responses = {413: {"description": "body over SEQREC_MAX_BODY_BYTES", "content": TEXT}}
 STORE_DOWN: Responses = {503: {"model": Problem, "headers": {"Retry-After": {"schema": {"type": "integer"}}},
                                 "description": "history store unreachable, refusing writes or too slow: retry. "

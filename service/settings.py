@@ -4,8 +4,9 @@
                                       (or a bundle folder itself)
     SEQREC_REDIS_URL=redis://redis:6379/0   history store; unset = the in-process store
     SEQREC_SEEN_CAP=10000             items remembered per user for ``exclude_seen`` (see ``service.store``)
-    SEQREC_API_KEY=...                required as ``Authorization: Bearer`` on writes, /admin and
-                                      GET /users/{id}/history (printable ASCII: ! to ~)
+    SEQREC_API_KEY=...                required as ``Authorization: Bearer`` on writes, /admin,
+                                      GET /users/{id}/history and POST /recommend with a user_id
+                                      (printable ASCII: ! to ~)
     SEQREC_INFERENCE=auto             auto | onnx | eager: the encoder and MLP ranker through ONNX Runtime
     SEQREC_WORKERS=N                  worker processes (default: one per core with Redis, else 1)
 """
@@ -66,8 +67,9 @@ class Settings(BaseSettings):
     redis_pool_size: int = Field(64, ge=1, description="connections in the Redis pool")
     seen_cap: int = Field(DEFAULT_SEEN_CAP, ge=1, description="items remembered per user for `exclude_seen`; past "
                           "it the least recently recorded are forgotten")
-    api_key: SecretStr | None = Field(None, description="when set, writes, /admin and GET /users/{id}/history need "
-                                      "`Bearer <key>`; printable ASCII (! to ~), as a header carries it")
+    api_key: SecretStr | None = Field(None, description="when set, writes, /admin, GET /users/{id}/history and "
+                                      "POST /recommend with a user_id need `Bearer <key>`; printable ASCII (! to "
+                                      "~), as a header carries it")
     max_batch: int = Field(32, ge=1, le=1024, description="requests micro-batched into one forward pass")
     max_wait_ms: float = Field(0.0, ge=0, le=1000, description="extra wait for more requests before a batch "
                                "runs; 0 = adaptive: a batch holds what queued while the last one ran")

@@ -75,13 +75,14 @@ def test_the_api_key_and_redis_password_never_reach_logs_or_answers(tmp_path: Pa
                             headers={"Authorization": f"Bearer {key}x"}),  # 401: wrong key
                 client.post("/events", json={"user_id": "u", "item_id": "i1"},
                             headers={"Authorization": f"Bearer {key}"}),  # 503: Redis unreachable
-                client.post("/recommend", json={"user_id": "u"}),  # 503
+                client.post("/recommend", json={"user_id": "u"}),  # 401: a stored history needs the key
+                client.post("/recommend", json={"user_id": "u"}, headers={"Authorization": f"Bearer {key}"}),  # 503
                 client.get("/readyz"), client.get("/metrics"), client.get("/openapi.json"),
             ]
         log = server.log_text()
-    assert [a.status_code for a in answers[:4]] == [401, 401, 503, 503]
-    assert answers[4].json()["status"] == "degraded"
-    assert "redis" in answers[3].json()["detail"].lower()
+    assert [a.status_code for a in answers[:5]] == [401, 401, 503, 401, 503]
+    assert answers[5].json()["status"] == "degraded"
+    assert "redis" in answers[4].json()["detail"].lower()
     for text in [log, *(a.text for a in answers)]:
         assert key not in text
         assert password not in text

@@ -4,7 +4,8 @@
 
 const $ = (id) => document.getElementById(id);
 // loaded: the stored user whose history was last loaded (or saved and shown again), with the entries loaded and
-// the newest stored timestamp; null before any load. keyRetry: the load or save a 401 stopped (`askForKey`).
+// the newest stored timestamp; null before any load. keyRetry: the load, save or recommend a 401 stopped
+// (`askForKey`).
 const state = {history: [], apiKey: null, keyRetry: null, last: null, loaded: null};
 
 class ApiError extends Error {
@@ -167,8 +168,9 @@ async function showStored(user, message) {
   renderHistory(message || (items.length ? `Loaded the history of ${user}.` : `${user} has no stored history.`));
 }
 
-// A service with an API key needs it to save and to read a stored history. Its 401 (no key sent, or a wrong one)
-// shows the key row; the row's button, or Enter in it, runs `retry` again with the key typed.
+// A service with an API key needs it to save and to read a stored history (a load, or a recommend for a loaded
+// user). Its 401 (no key sent, or a wrong one) shows the key row; the row's button, or Enter in it, runs `retry`
+// again with the key typed.
 function askForKey(doing, button, retry) {
   state.apiKey = null;
   state.keyRetry = retry;
@@ -247,7 +249,7 @@ function request(rerank, user) {
 }
 
 async function recommend(event) {
-  event.preventDefault();
+  event?.preventDefault();
   showError("");
   if (!state.history.length) {
     $("rec-status").textContent = "The history is empty: these are the most popular items.";
@@ -260,8 +262,11 @@ async function recommend(event) {
     const retrieved = await api("recommend", {method: "POST", body: JSON.stringify(request(false, user))});
     const reranked = await api("recommend", {method: "POST", body: JSON.stringify(request(true, user))});
     state.last = {retrieved, reranked, user, excluded: $("exclude-seen").checked};
+    if (user !== null) $("key-row").hidden = true;  // asked by user, the key (if any) was right
     renderResults();
   } catch (err) {
+    // A loaded user is asked for by id, which needs the key too: normally known from the load, unless it changed.
+    if (err.status === 401) return askForKey("Recommending for a stored user", "Recommend with key", recommend);
     showError(`Recommend failed: ${err.message}`);
   } finally {
     button.disabled = false;

@@ -1,5 +1,6 @@
-"""With ``SEQREC_API_KEY`` set, writes, /admin and a user's stored history need ``Authorization: Bearer <key>``;
-the other reads stay open. (Without a key, nothing needs one: `test_api.test_writes_need_no_key_when_none_is_set`.)"""
+"""With ``SEQREC_API_KEY`` set, writes, /admin and a user's stored history (read by path, or by POST /recommend
+with a user_id) need ``Authorization: Bearer <key>``; the other reads stay open. (Without a key, nothing needs one:
+`test_api.test_writes_need_no_key_when_none_is_set`.)"""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ WRONG = [
     {"Authorization": f"Bearer {KEY}é".encode("latin-1")},
 ]
 RIGHT = {"Authorization": f"Bearer {KEY}"}
-READS_BY_POST = {"/recommend"}  # a query in a body: open, as every read but a stored history is
+READS_BY_POST = {"/recommend"}  # a query in a body: open unless it names a user (`test_recommend_by_user_...`)
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +95,47 @@ def test_a_stored_history_needs_the_key(client: httpx.Client) -> None:
     assert "401" in operation["responses"]
 
 
+def test_recommend_by_user_needs_the_key(client: httpx.Client) -> None:
+    """A body with a user_id reads the user's stored history and seen set: POST /recommend was open, so a request
+    with `include_items` of the whole catalogue, sent with `exclude_seen` true and then false, told exactly which items
+    the user has seen (the difference) and `history_used` how many events are stored."""
+    seen = ["i2", "i3", "i5"]
+    events = [{"user_id": "grace", "item_id": item, "timestamp": 1000 + n} for n, item in enumerate(seen)]
+    assert client.post("/events", json={"events": events}, headers=RIGHT).status_code == 200
+    catalogue = [f"i{n}" for n in range(1, 31)]
+
+    def ask(headers: dict[str, str], exclude_seen: bool, **body: object) -> httpx.Response:
+        return client.post("/recommend", json={"user_id": "grace", "include_items": catalogue, "k": 1000,
+                                               "exclude_seen": exclude_seen, **body}, headers=headers)
+
+    for headers in WRONG:
+        for exclude_seen in (True, False):
+            # with a history as well: the rule is the user_id, not what the request reads
+            for response in (ask(headers, exclude_seen), ask(headers, exclude_seen, history=["i1"])):
+                assert response.status_code == 401, (headers, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert response.json() == {"detail": "this endpoint needs `Authorization: Bearer <SEQREC_API_KEY>`"}
+    # with the key, the probe works as the review found it (so the 401s above hid exactly this)
+    kept, every = (ask(RIGHT, exclude_seen) for exclude_seen in (True, False))
+    assert kept.status_code == every.status_code == 200, (kept.text, every.text)
+    returned = {i["item_id"] for i in every.json()["items"]} - {i["item_id"] for i in kept.json()["items"]}
+    assert returned == set(seen)
+    assert kept.json()["history_used"] == len(seen)
+    assert ask(RIGHT, True, history=["i1"]).status_code == 200
+    # a history alone needs no key, whatever it holds
+    alone = client.post("/recommend", json={"history": seen, "include_items": catalogue, "k": 1000})
+    assert alone.status_code == 200, alone.text
+    assert alone.json()["history_used"] == len(seen)
+    # the schema: the 401 (for a user_id), and the key as an option beside anonymous use
+    operation = client.get("/openapi.json").json()["paths"]["/recommend"]["post"]
+    assert "user_id" in operation["responses"]["401"]["description"]
+    assert operation["security"] == [{"HTTPBearer": []}, {}]
+
+
 def test_the_other_reads_need_no_key(client: httpx.Client) -> None:
     assert client.post("/events", json={"user_id": "dave", "item_id": "i3"}, headers=RIGHT).status_code == 200
     for response in (
         client.post("/recommend", json={"history": ["i1", "i2"], "k": 3}),
-        client.post("/recommend", json={"user_id": "dave", "k": 3}),
         client.get("/items", params={"query": "i1"}),
         client.get("/items/i1"),
         client.get("/healthz"),
@@ -108,7 +145,6 @@ def test_the_other_reads_need_no_key(client: httpx.Client) -> None:
         client.get("/"),
     ):
         assert response.status_code == 200, (response.request.url, response.text)
-    assert client.post("/recommend", json={"user_id": "dave"}).json()["history_used"] == 1
 
 
 def test_validation_still_names_the_field_with_the_key(client: httpx.Client) -> None:

@@ -322,7 +322,7 @@ def test_the_schema_documents_the_error_answers(client: httpx.Client) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     documented = {(method.upper(), path): set(op["responses"]) for path, ops in paths.items()
                   for method, op in ops.items()}
-    assert documented[("POST", "/recommend")] == {"200", "400", "409", "413", "422", "503"}
+    assert documented[("POST", "/recommend")] == {"200", "400", "401", "409", "413", "422", "503"}  # 401: user_id
     assert documented[("POST", "/events")] == {"200", "400", "401", "409", "413", "422", "503"}
     assert documented[("GET", "/users/{user_id}/history")] == {"200", "401", "409", "422", "503"}
     assert documented[("DELETE", "/users/{user_id}/history")] == {"200", "401", "422", "503"}
@@ -333,7 +333,9 @@ def test_the_schema_documents_the_error_answers(client: httpx.Client) -> None:
     security = {(m.upper(), p) for p, ops in paths.items() for m, op in ops.items() if op.get("security")}
     assert security == {("POST", "/events"), ("GET", "/users/{user_id}/history"),
                         ("DELETE", "/users/{user_id}/history"), ("POST", "/admin/reload"), ("POST", "/admin/items"),
-                        ("DELETE", "/admin/items/{item_id}")}
+                        ("DELETE", "/admin/items/{item_id}"), ("POST", "/recommend")}
+    # the key or none (`{}`): a recommendation by history alone needs no key, one by user_id does
+    assert paths["/recommend"]["post"]["security"] == [{"HTTPBearer": []}, {}]
 
 
 def test_an_open_server_documents_open_writes(api: Server) -> None:

@@ -2,9 +2,9 @@
 against a real server on the tiny bundle with its LightGBM ranker (or, with SEQREC_WEB_TEST_ARTIFACTS=DIR, on
 the bundle DIR serves, e.g. the demo's): search, add three items (one by keyboard),
 recommend, compare the retriever's and the reranker's orders, toggle rerank, reorder and remove, ask for the API
-key on a load and on a save; a loaded user (more events stored than the max_len the page shows) is asked for by
-id, so nothing it has seen comes back, and a save after a load appends only the items added. Screenshots go to
-``test-artifacts/web/`` at the repository root (ignored by git).
+key on a load, on a save and on a recommend for a loaded user; a loaded user (more events stored than the max_len
+the page shows) is asked for by id, so nothing it has seen comes back, and a save after a load appends only the
+items added. Screenshots go to ``test-artifacts/web/`` at the repository root (ignored by git).
 
 Without /usr/bin/chromium the test is skipped, except in CI (``CI=true``), where it fails."""
 
@@ -233,6 +233,21 @@ def _asks_for_the_key(driver: Any, doing: str, button: str) -> None:
     assert driver.find_element(By.ID, "retry-with-key").text == button
 
 
+def _recommend_by_user_on_the_page(driver: Any, server: Server, user: str, *, k: int) -> None:
+    """Recommend clicked for the loaded, unedited ``user``: both orders are the service's answer for the user."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.ID, "k").clear()
+    driver.find_element(By.ID, "k").send_keys(str(k))
+    driver.find_element(By.ID, "recommend").click()
+    _wait(driver, lambda d: len(_ids(d, "reranked")) == k and len(_ids(d, "retrieved")) == k, "both orders")
+    assert not driver.find_element(By.ID, "error").is_displayed(), driver.find_element(By.ID, "error").text
+    assert f"stored user {user}" in driver.find_element(By.ID, "rec-status").text
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert [_ids(driver, "retrieved"), _ids(driver, "reranked")] == [
+        _recommend_ids(server, {"user_id": user, "k": k, "rerank": rerank}, auth) for rerank in (False, True)]
+
+
 def test_load_a_stored_history_and_save_with_the_key(driver: Any, keyed: Server) -> None:
     """A stored history is personal data: on a service with a key, loading one asks for the key, as saving does."""
     from selenium.webdriver.common.by import By
@@ -261,6 +276,22 @@ def test_load_a_stored_history_and_save_with_the_key(driver: Any, keyed: Server)
     assert not driver.find_element(By.ID, "error").is_displayed()
     assert "Loaded the history of web-alice" in driver.find_element(By.ID, "history-status").text
 
+    # Recommending for the loaded user asks by id, which needs the key: the one the load was given.
+    _recommend_by_user_on_the_page(driver, keyed, "web-alice", k=5)
+    # A key changed since the load (the page's one now wrong): the 401 asks for it, and the key row recommends.
+    driver.execute_script("state.apiKey = 'a-key-since-changed'")
+    driver.find_element(By.ID, "k").clear()
+    driver.find_element(By.ID, "k").send_keys("4")
+    driver.find_element(By.ID, "recommend").click()
+    _asks_for_the_key(driver, "Recommending for a stored user", "Recommend with key")
+    driver.find_element(By.ID, "api-key").clear()  # still holds the key typed for the load
+    driver.find_element(By.ID, "api-key").send_keys(KEY, Keys.ENTER)
+    _wait(driver, lambda d: len(_ids(d, "reranked")) == 4, "the recommendations asked again with the key")
+    assert [_ids(driver, "retrieved"), _ids(driver, "reranked")] == [
+        _recommend_ids(keyed, {"user_id": "web-alice", "k": 4, "rerank": rerank}, auth) for rerank in (False, True)]
+    assert not driver.find_element(By.ID, "key-row").is_displayed()
+    assert not driver.find_element(By.ID, "error").is_displayed()
+
     # A fresh page has no key: saving asks for it, and the key row then saves.
     driver.get(f"{keyed.url}/")
     _add_by_search(driver, stored[0], keyboard=False)
@@ -275,7 +306,8 @@ def test_load_a_stored_history_and_save_with_the_key(driver: Any, keyed: Server)
     assert not driver.find_element(By.ID, "key-row").is_displayed()
     saved = httpx.get(f"{keyed.url}/users/web-bob/history", headers=auth).json()["items"]
     assert [e["item_id"] for e in saved] == stored
-    # 401s in the console are the expected first load, wrong key and first save; nothing else may fail.
+    # 401s in the console are the expected first load, wrong key, recommend with a changed key and first save;
+    # nothing else may fail.
     assert not [e for e in _console_errors(driver) if "401" not in e]
 
 
@@ -289,8 +321,8 @@ def _stored(server: Server, user: str) -> list[str]:
     return [e["item_id"] for e in httpx.get(f"{server.url}/users/{user}/history").json()["items"]]
 
 
-def _recommend_ids(server: Server, body: dict[str, Any]) -> list[str]:
-    answer = httpx.post(f"{server.url}/recommend", json=body, timeout=30)
+def _recommend_ids(server: Server, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[str]:
+    answer = httpx.post(f"{server.url}/recommend", json=body, headers=headers, timeout=30)
     assert answer.status_code == 200, answer.text
     return [item["item_id"] for item in answer.json()["items"]]
 
