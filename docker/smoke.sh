@@ -33,7 +33,7 @@
 # SEQREC_SMOKE_NOTE (what else ran on the machine: goes into the result file),
 # SEQREC_SMOKE_PIPELINE_CONFIG (the trainer's config; configs/pipeline/smoke.yaml, the demo with
 # 3 epochs per retriever, for a busy machine). SEQREC_API_KEY, when set, goes to the api (compose)
-# and with the DELETE.
+# and with every request the smoke sends (the writes and a user's recommend need it).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -243,7 +243,13 @@ compose_up() {
     "${COMPOSE[@]}" up -d --no-build --pull never
 }
 
-post() { curl -sS -o "$WORK/answer.json" -w '%{http_code}' -X POST "$LB$1" -H 'content-type: application/json' -d "$2"; }
+# With SEQREC_API_KEY set, every request the smoke sends carries it (the writes and a user's recommend need it).
+AUTH=()
+[ -z "${SEQREC_API_KEY:-}" ] || AUTH=(-H "Authorization: Bearer $SEQREC_API_KEY")
+post() {
+    curl -sS -o "$WORK/answer.json" -w '%{http_code}' -X POST "${AUTH[@]}" "$LB$1" -H 'content-type: application/json' \
+        -d "$2"
+}
 
 first_recommend() {
     "${COMPOSE[@]}" exec -T api python -c "import numpy as np; print('\n'.join(np.load('/artifacts/current/item_ids.npy')[:200]))" \
@@ -285,11 +291,10 @@ recommended() {
 
 # A catalogue change that the lb sends to one replica reaches the other (each polls the journal).
 retired_everywhere() {
-    local item code i stale=0 auth=() before=() after=() answered=()
+    local item code i stale=0 before=() after=() answered=()
     code=$(post /recommend "{\"history\": [$ITEMS], \"k\": 5}") && [ "$code" = 200 ] || return 1
     item=$(grep -o '"item_id":"[^"]*"' "$WORK/answer.json" | head -n 1 | cut -d '"' -f 4)
-    [ -n "${SEQREC_API_KEY:-}" ] && auth=(-H "Authorization: Bearer $SEQREC_API_KEY")
-    code=$(curl -sS -o "$WORK/answer.json" -w '%{http_code}' -X DELETE "${auth[@]}" "$LB/admin/items/$item") || return 1
+    code=$(curl -sS -o "$WORK/answer.json" -w '%{http_code}' -X DELETE "${AUTH[@]}" "$LB/admin/items/$item") || return 1
     echo "DELETE /admin/items/$item through the lb: $code $(cat "$WORK/answer.json")"
     [ "$code" = 200 ] && grep -q '"retired":true' "$WORK/answer.json" || return 1
     before=("$(recommended "$SEQREC_SMOKE_API_PORT")" "$(recommended "$SEQREC_SMOKE_API2_PORT")")
