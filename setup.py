@@ -4,7 +4,7 @@ seqrec (pip, the Docker image) finds the pipeline configs `seqrec demo` runs and
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["retriever*", "ranker*", "service*", "offline*"]), "offline.configs"],
+    packages=[*find_packages(include=["common*", "retriever*", "ranker*", "service*", "offline*"]), "offline.configs"],
     package_dir={"offline.configs": "configs"},
     package_data={"service": ["static/*"], "offline.configs": ["**/*.yaml"]},  # static: the try-it page at /
 )

@@ -32,6 +32,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 
+from common.atomic import atomic_write, replace_dir, sha256_file
+from common.errors import first_line, validation_message
 from ranker.compiled import MLP_FILE, CompiledMLP, write_mlp
 from ranker.cooc import COOC_FILE, CoocTable
 from ranker.extras import EXTRA_FEATURES, Extras, needs_cooc, needs_time
@@ -40,8 +42,6 @@ from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
 from ranker.times import TIMES_FILE, TimeTable
 from retriever.artifact import ArtifactError
-from retriever.atomic import atomic_write, replace_dir, sha256_file
-from retriever.errors import first_line, validation_message
 from retriever.manifest import RetrieverManifest
 
 FORMAT = "seqrec.ranker/1"

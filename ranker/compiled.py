@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from common.atomic import atomic_write
 from ranker.features import DENSE_FEATURES, FeatureBatch
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
-from retriever.atomic import atomic_write
 from retriever.compiled import PARITY_ATOL, ExportRefused, export_onnx, session
 
 MLP_FILE = "mlp.onnx"

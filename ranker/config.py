@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from retriever.errors import SeqrecError
+from common.errors import SeqrecError
 
 RankerKind = Literal["auto", "mlp", "lgbm", "none"]
 Mining = Literal["holdout", "direct"]

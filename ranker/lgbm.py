@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from common.atomic import atomic_write
 from ranker.features import DENSE_FEATURES, FeatureBatch
-from retriever.atomic import atomic_write
 
 MODEL = "lgbm.txt"
 DEFAULT_PARAMS: dict[str, Any] = {

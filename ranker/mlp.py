@@ -26,9 +26,9 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import Tensor, nn
 
+from common.atomic import atomic_torch_save
 from ranker.config import MLPConfig
 from ranker.features import DENSE_FEATURES, FeatureBatch
-from retriever.atomic import atomic_torch_save
 
 WEIGHTS = "mlp.pt"
 

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from common.errors import SeqrecError
 from ranker.config import MLPConfig
 from ranker.cooc import CoocTable, cooc_top, recent_items, union
 from ranker.extras import Extras
@@ -25,7 +26,6 @@ from ranker.features import FeatureBatch, TorchTables, compute_features, standar
 from ranker.lgbm import LGBMRanker, fit_lgbm
 from ranker.mining import Encoder, Mined
 from ranker.mlp import MLPRanker, group_loss
-from retriever.errors import SeqrecError
 from retriever.windows import padded_slices
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,1 @@
 """seqrec retriever."""
-
-from importlib.metadata import PackageNotFoundError, version
-
-
-def seqrec_version() -> str:
-    """The installed seqrec's version (pyproject.toml): `seqrec --version` and the service's OpenAPI document."""
-    try:
-        return version("seqrec")
-    except PackageNotFoundError:  # imported from a checkout that was never installed
-        return "unknown"

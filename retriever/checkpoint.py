@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from retriever.atomic import atomic_torch_save, write_jsonl
+from common.atomic import atomic_torch_save, write_jsonl
 from retriever.config import ConfigError, RunConfig, config_from_dict
 from retriever.distributed import Distributed, broadcast_bytes
 from retriever.model import Retriever

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from retriever.atomic import atomic_write
-from retriever.errors import first_line
+from common.atomic import atomic_write
+from common.errors import first_line
 from retriever.model import Retriever
 from retriever.windows import row_groups
 

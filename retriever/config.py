@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from common.errors import RetrieverError, validation_message
 from retriever.backbones import BACKBONES, backbone_config, build_encoder
-from retriever.errors import RetrieverError, validation_message
 from retriever.losses import LossName
 from retriever.model import Retriever, Similarity
 

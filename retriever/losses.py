@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from retriever.errors import RetrieverError
+from common.errors import RetrieverError
 
 LossName = Literal["infonce", "sampled", "full", "bce"]
 LOSSES: tuple[LossName, ...] = ("infonce", "sampled", "full", "bce")

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from retriever.atomic import atomic_write
+from common.atomic import atomic_write
 from retriever.averaging import averaged_copy
 from retriever.checkpoint import (
     SELECTION_METRIC,

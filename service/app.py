@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from retriever import seqrec_version
+from common import seqrec_version
 from service.bundle import Bundle, resolve_bundle
 from service.catalog import load_served
 from service.deps import State, require_key, utf8_path, utf8_query

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from common.errors import SeqrecError
 from ranker.artifact import Ranker, RankerArtifact, load_ranker, unit_item_vectors
 from ranker.compiled import load_lgbm, load_mlp
 from ranker.features import TorchTables
@@ -35,7 +36,6 @@ from retriever.artifact import (
     retrieval_rows,
 )
 from retriever.compiled import ExportRefused, load_encoder
-from retriever.errors import SeqrecError
 from service.cache import UserVectors
 from service.filters import CatalogueFilters
 from service.recommend import Query, recommend_batch

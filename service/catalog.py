@@ -38,10 +38,10 @@ import pyarrow.parquet as pq
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from common.atomic import atomic_write, replace_dir
 from ranker.artifact import unit_item_vectors
 from ranker.features import TorchTables
 from retriever.artifact import CATALOGUE, item_matrix
-from retriever.atomic import atomic_write, replace_dir
 from retriever.features import feature_rows, feature_vocabulary
 from service.bundle import Bundle, BundleError, Inference, load_bundle
 
@@ -99,7 +99,7 @@ def journal_lock(bundle_path: Path) -> Iterator[None]:
 
 
 def keeping_catalogue_changes(staging: Path, bundle_path: Path) -> None:
-    """Replace ``bundle_path`` by its staged copy ``staging`` (`retriever.atomic.replace_dir`) under the journal
+    """Replace ``bundle_path`` by its staged copy ``staging`` (`common.atomic.replace_dir`) under the journal
     lock, with the journal as it is then: a catalogue change a server made while the copy was built (an export's
     seconds) was lost, and a retired item recommended again."""
     with journal_lock(bundle_path):

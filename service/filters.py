@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from retriever.errors import SeqrecError
+from common.errors import SeqrecError
 
 OPERATORS = ("eq", "ne", "in", "gte", "gt", "lte", "lt")
 _ORDER = {"gte": np.greater_equal, "gt": np.greater, "lte": np.less_equal, "lt": np.less}

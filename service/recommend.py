@@ -18,11 +18,11 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 import torch
 
+from common.errors import SeqrecError
 from ranker.artifact import RankerArtifact
 from ranker.cooc import cooc_top, recent_items, union
 from ranker.features import TorchTables, compute_features
 from retriever.artifact import RetrieverArtifact
-from retriever.errors import SeqrecError
 from retriever.index import search
 from retriever.index.filtered import search_allowed
 from retriever.windows import padded_slices

@@ -2,7 +2,7 @@
 
 The history store (`service.store`) turns every error below into ``StoreUnavailable`` (the API's 503 with
 Retry-After); `seqrec serve` probes Redis once before it starts (`refused_configuration`) and stops on a
-configuration Redis refuses; `seqrec recommend` and `seqrec tune` print URLs through `redact_url`.
+configuration Redis refuses; URLs are printed through `common.redis_url.redact_url`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import logging
 import os
 import re
 from collections.abc import Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.exceptions as rex
+
+from common.redis_url import redact_url
 
 log = logging.getLogger(__name__)
 PROBE_MS = 10_000  # how long the probe key that tells whether Redis takes writes lives (`probe`)
@@ -41,17 +42,6 @@ def foreign_user(error: BaseException, users: Sequence[str]) -> str:
     return f"user {users[0]!r}" if len(users) == 1 else "a user"
 
 
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, fit for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def redis_state(error: BaseException) -> str:

@@ -20,6 +20,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.redis_url import check_redis_url
+
 # Items remembered per user for `exclude_seen`. Above every user's count of distinct items in our datasets
 # (the longest: 737 in MovieLens-100K, 204 in Amazon Beauty), so no user of theirs reaches it; a user who does
 # is most likely a crawler. The cap bounds what one such user can make the store hold.
@@ -30,23 +32,6 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url
 MIN_POLL_S = 0.1
 
 
-def check_redis_url(url: str) -> str:
-    """``url`` as redis-py reads it, or a ValueError: a port or query value it cannot read was an internal error at
-    start-up, and a database that is no number (``/abc``) silently database 0."""
-    from urllib.parse import unquote, urlsplit
-
-    from redis.connection import parse_url
-
-    try:
-        parse_url(url)
-        parts = urlsplit(url)
-        _ = parts.port  # a ValueError when not a number
-    except ValueError as err:
-        raise ValueError(str(err)) from None
-    database = unquote(parts.path).strip("/")
-    if not url.startswith("unix://") and database and not database.isdigit():
-        raise ValueError(f"the database {database!r} is not a number")
-    return url
 
 
 def default_workers(redis_url: str | None) -> int:

@@ -20,16 +20,14 @@ Two stores share one protocol and one behaviour (one contract test runs both):
   (score = the order of recording) and a list ``{prefix}cut:{user_id}`` (the events last cut from the window at
   its newest cut timestamp, so a replayed old event is still known as a duplicate). An append is one Lua script
   (`service.store_lua`): atomic, one round trip. Lists written before the seen set existed read as they are
-  (their items count as seen); the seen set starts with the first event appended after the upgrade. No
-  migration step is needed. ``GET /readyz`` also sets ``{prefix}probe`` (expires in 10 s) to learn whether
-  Redis takes writes.
+  (their items count as seen); the seen set starts with the first event appended after the upgrade (no
+  migration step). ``GET /readyz`` sets ``{prefix}probe`` (expires in 10 s) to learn whether Redis takes writes.
 - ``MemoryStore``: the in-process default when no Redis URL is configured (one process, lost on restart).
 
 Any failure to reach Redis (refused, reset, timeout, still loading its dataset, out of pooled connections), and
 any error it answers (full, read-only, a database number it lacks, an ACL's NOPERM), becomes ``StoreUnavailable``,
 which the API answers with 503 so clients retry; an event is never dropped silently. The client keeps no long
-retry loop: a down Redis fails within about ``redis_timeout_ms``, and the pool reconnects by itself on the next
-call once Redis is back.
+retry loop: a down Redis fails within about ``redis_timeout_ms``; the pool reconnects by itself once Redis is back.
 """
 
 from __future__ import annotations
@@ -48,12 +46,14 @@ import redis.exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from retriever.errors import SeqrecError, first_line
-from service.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redact_url, redis_state
+from common.errors import SeqrecError, first_line
+from common.redis_url import redact_url
+from service.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
 from service.settings import DEFAULT_SEEN_CAP, Settings
 from service.store_lua import APPEND
 
 log = logging.getLogger(__name__)
+
 
 class StoreUnavailable(SeqrecError):
     """The history store cannot serve now (down, timing out, loading, full, refusing the request); the API maps

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("retriever", "ranker", "service", "offline")  # each may import itself and those before it
+LAYERS = ("common", "retriever", "ranker", "service", "offline")  # each may import itself and those before it
 # The training loops: the retriever's optimiser loop and its distributed launcher, the ranker's fit, and
 # the hard-negative mining pass that builds the ranker's training groups. The service serves from
 # artifacts and must not pull these in. `retriever.losses` is not here: it holds pure loss functions

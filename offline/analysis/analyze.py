@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.atomic import check_replaceable, enclosing_seqrec_folder, replace_dir, staging_dir
+from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
 from offline.evaluation.breakdown import breakdown, model_ranks, training_counts
 from retriever.artifact import RetrieverArtifact, load_artifact
-from retriever.atomic import check_replaceable, enclosing_seqrec_folder, replace_dir, staging_dir
-from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 

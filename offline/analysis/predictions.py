@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.jobs.evaluate import with_served_sources
@@ -25,7 +26,6 @@ from ranker.artifact import load_ranker, unit_item_vectors
 from ranker.mining import mine
 from ranker.train import FeatureSource, features, make_groups
 from retriever.artifact import RetrieverArtifact
-from retriever.errors import SeqrecError
 
 
 def item_metadata(data: PreparedDataset) -> tuple[str | None, list[list[str]]]:

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.errors import SeqrecError
 from offline.bench.load import Answer, LoadRun, Marks, get_json, open_loop, summary
 from offline.bench.payloads import load_catalogue
 from offline.bench.reliability import (
@@ -43,7 +44,6 @@ from offline.bench.reliability import (
     service_env,
     warmed_service,
 )
-from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     import aiohttp
@@ -71,7 +71,7 @@ def broken_copy(bundle: Path, dest: Path, kind: str) -> str:
 
 def break_bundle(dest: Path, kind: str) -> str:
     """Break the bundle in ``dest`` in place, as `broken_copy` describes; returns what refuses it."""
-    from retriever.atomic import sha256_file
+    from common.atomic import sha256_file
 
     if kind not in BREAKS:
         raise SeqrecError(f"unknown break {kind!r}; expected one of {', '.join(BREAKS)}")

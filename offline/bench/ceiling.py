@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.errors import SeqrecError
 from offline.bench.measure import forward_flops, median_cpu_ms
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.tables import markdown_table
 from retriever.compiled import ServedEncoder
-from retriever.errors import SeqrecError
 from retriever.model import Retriever
 from service.answer import plan_query
 from service.bundle import load_bundle

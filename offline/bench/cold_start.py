@@ -24,14 +24,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError
 from offline.cli.common import SEED, configure_logging
 from offline.data.derive import HELD_OUT, hold_out_items
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.data.sequences import Sequences
 from offline.evaluation.evaluate import summarize, target_ranks
 from offline.tables import markdown_table
-from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError
 from retriever.model import Retriever
 from service.bundle import Bundle, load_bundle
 from service.catalog import CatalogChanges, apply_changes

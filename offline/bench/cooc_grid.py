@@ -14,10 +14,10 @@ import argparse
 import json
 from pathlib import Path
 
+from common.atomic import atomic_write
 from offline.data.prepared import load_prepared
 from offline.tables import markdown_table
 from ranker.cooc import LAST, CoocTable, cooc_top
-from retriever.atomic import atomic_write
 from retriever.windows import padded_slices
 
 WINDOWS = (1, 3, 5)

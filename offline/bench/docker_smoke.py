@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError
 from offline.bench.load import run_load
 from offline.bench.payloads import payloads_from_catalogue
-from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError
 
 UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.errors import SeqrecError
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.tables import markdown_table
 from ranker.features import DENSE_FEATURES, _similarity_block, _similarity_features
 from retriever.compiled import OnnxEncoder
-from retriever.errors import SeqrecError
 from service.bundle import load_bundle
 from service.engine import set_threads
 from service.recommend import Query, _padded_histories

@@ -39,10 +39,10 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError
 from offline.bench.models import parse_ints
 from offline.tables import markdown_table
-from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError
 from retriever.index import IndexSpec, build_index, normalize, set_search_params
 
 log = logging.getLogger(__name__)

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError
 from offline.bench.measure import count_parameters, timed
 from offline.bench.models import ModelSpec, parse_ints, resolve_models, shorthand_overrides
 from offline.tables import markdown_table
-from retriever.atomic import atomic_write
 from retriever.config import load_config
-from retriever.errors import SeqrecError
 from retriever.train import resolve_device
 
 log = logging.getLogger(__name__)

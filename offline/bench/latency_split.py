@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from common.errors import SeqrecError
 from offline.bench.load import Call, open_loop
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.processes import SERVICE_APP, start_server_process
 from offline.cli.common import SEED, configure_logging
 from offline.tables import markdown_table
-from retriever.errors import SeqrecError
 from service.bundle import Bundle, load_bundle
 from service.engine import set_threads
 from service.recommend import Query, recommend_batch

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
+from common.errors import SeqrecError
 from offline.bench.processes import DIRECT
-from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     import aiohttp

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError
 from offline.bench.records import BenchMeta, RunRecord, config_sha256
 from offline.bench.results import cell, write_results
-from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:  # torch and the training stack load when a bench runs, not for `seqrec --help`
     from offline.data.prepared import PreparedDataset

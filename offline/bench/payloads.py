@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from retriever.errors import SeqrecError
+from common.errors import SeqrecError
 
 if TYPE_CHECKING:
     from offline.data.prepared import PreparedDataset

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from retriever.errors import SeqrecError
+from common.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+from common.errors import SeqrecError
 from offline.bench.load import run_load
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.processes import SERVICE_APP, start_server_process
 from offline.tables import markdown_table
-from retriever.errors import SeqrecError
 
 BUCKETS = (  # (path fragment of the deepest seqrec frame, bucket), first match wins
     ("ranker/features.py", "ranker features"),

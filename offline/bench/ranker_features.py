@@ -18,11 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from common.atomic import atomic_write
 from offline.data.prepared import load_prepared
 from offline.jobs.rank import train_ranker
 from offline.tables import markdown_table
 from ranker.config import RankerConfig
-from retriever.atomic import atomic_write
 
 COOC_SOURCE = ("retriever", "cooc")
 SOURCE_SIGNALS = ("cooc_last10", "cooc_rank")  # the cooc source's own score and rank

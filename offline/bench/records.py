@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from retriever.errors import SeqrecError, validation_message
+from common.errors import SeqrecError, validation_message
 
 Number = int | float  # as JSON has it: an int stays an int, so a rewritten file is byte for byte the same
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.errors import SeqrecError
 from offline.bench.load import Answer, Call, LoadRun, Marks, get_json, open_loop, post_json, summary
 from offline.bench.payloads import load_catalogue
 from offline.bench.processes import RedisProcess, free_port
@@ -45,7 +46,6 @@ from offline.bench.reliability import (
     service_env,
     warmed_service,
 )
-from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     import aiohttp

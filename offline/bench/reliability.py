@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from common.atomic import write_json
+from common.errors import SeqrecError
 from offline.bench.load import Call, run_load
 from offline.bench.payloads import short_payloads
 from offline.bench.processes import SERVICE_APP, RunningServer, start_server_process
 from offline.cli.common import SEED
 from offline.jobs.versions import CURRENT, VERSIONS
-from retriever.atomic import write_json
-from retriever.errors import SeqrecError
 
 
 def history_calls(catalogue: Sequence[str], seed: int, keep: bool = False) -> list[Call]:

@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError
 from offline.data.prepared import load_prepared
 from offline.evaluation.evaluate import summarize
 from offline.jobs.evaluate import reranked_ranks, retrieved_groups
 from offline.jobs.tables import has_clock
 from offline.tables import markdown_table
 from ranker.train import Groups
-from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError
 
 VARIANTS = {
     "as evaluated (target's time, newest interaction's time)": "evaluated",

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError
 from offline.bench.records import BenchMeta, BenchResults, RunRecord, config_sha256, read_results
 from offline.tables import markdown_table
-from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from common.atomic import atomic_write
 from offline.bench.latency import fit_alpha
 from offline.tables import markdown_table
-from retriever.atomic import atomic_write
 
 MB = 2**20
 TABLE_COPIES = 4  # weights, gradients, Adam's two moments

@@ -19,8 +19,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from common.atomic import atomic_write
 from offline.tables import markdown_table
-from retriever.atomic import atomic_write
 
 
 def read_run(name: str, folder: Path) -> dict[str, Any]:

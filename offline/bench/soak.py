@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from common.errors import SeqrecError
 from offline.bench.load import P99_TARGET_MS, LoadRun, Marks, open_loop, run_load, summary
 from offline.bench.payloads import load_catalogue, short_payloads
 from offline.bench.processes import SERVICE_APP, rss_bytes, start_server_process
@@ -40,7 +41,6 @@ from offline.bench.reliability import (
     service_env,
 )
 from offline.bench.sweeps import geometric_rates, max_sustained_rate
-from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     import aiohttp

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from common.atomic import atomic_write
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.rank import split_sources, user_encoder
 from offline.jobs.tables import cooc_table
@@ -30,7 +31,6 @@ from ranker.cooc import CoocTable, cooc_top, recent_items
 from ranker.mining import Mined, mine
 from ranker.train import Groups, make_groups, merge_groups
 from retriever.artifact import RetrieverArtifact, load_artifact, retrieval_rows
-from retriever.atomic import atomic_write
 
 DEPTHS = (100, 200)
 SHARES = (0.1, 0.25, 0.5)

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common.errors import SeqrecError
 from offline.bench.load import P99_TARGET_MS, LoadResult, run_load
 from offline.tables import markdown_table
-from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 

@@ -36,14 +36,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError, validation_message
 from offline.bench.models import parse_ints
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.train import host_numerics
 from offline.tables import markdown_table
 from ranker.config import HOLDOUT_PER_USER, HOLDOUT_STOP_SHARE, RankerConfig, mlp_default
 from retriever.artifact import load_artifact
-from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError, validation_message
 from retriever.repeats import LEGACY_REPEATS
 
 log = logging.getLogger(__name__)

@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError
 from offline.data.derive import time_prefix
 from offline.data.prepared import load_prepared
 from offline.tables import markdown_table
-from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError
 
 METRIC = "NDCG@10"
 

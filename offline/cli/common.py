@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from retriever.errors import SeqrecError
+from common.errors import SeqrecError
 
 Handler = Callable[[argparse.Namespace], int]
 Subparsers = argparse._SubParsersAction

@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
+from common.errors import SeqrecError
 from offline.cli.common import Subparsers, set_threads, shipped_configs
 from offline.cli.serve import check_bindable
 from offline.jobs.versions import CURRENT
-from retriever.errors import SeqrecError
 
 
 def add_pipeline_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:

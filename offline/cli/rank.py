@@ -8,10 +8,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from common.atomic import refuse_seqrec_folder
+from common.errors import SeqrecError, validation_message
 from offline.cli.common import SEED, Subparsers, parse_names, print_json, set_threads
 from ranker.config import MINING, TRAINABLE_KINDS, RankerConfig, check_mlp_training, mlp_default, ranker_default
-from retriever.atomic import refuse_seqrec_folder
-from retriever.errors import SeqrecError, validation_message
 
 
 def _add_inputs(p: argparse.ArgumentParser, *, artifact_help: str, data_help: str) -> None:

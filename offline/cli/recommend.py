@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.atomic import enclosing_seqrec_folder
+from common.errors import SeqrecError
 from offline.cli.common import Subparsers, file_path, print_json, set_threads
-from retriever.atomic import enclosing_seqrec_folder
-from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     from offline.data.prepared import PreparedDataset

@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeGuard
 
+from common import seqrec_version
+from common.errors import SeqrecError
 from offline.cli.analyze import add_analyze_parser
 from offline.cli.common import Handler, Subparsers, common_parser, configure_logging
 from offline.cli.data import add_prepare_parser
@@ -26,8 +28,6 @@ from offline.cli.recommend import add_recommend_parser
 from offline.cli.serve import add_serve_parser
 from offline.cli.train import add_evaluate_parser, add_export_parser, add_train_parser
 from offline.cli.tune import add_tune_parser
-from retriever import seqrec_version
-from retriever.errors import SeqrecError
 
 
 def _add_bench(sub: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -9,8 +9,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.errors import SeqrecError
 from offline.cli.common import Subparsers
-from retriever.errors import SeqrecError
 
 if TYPE_CHECKING:
     import uvicorn
@@ -106,7 +106,8 @@ def check_bindable(host: str, port: int, options: str = "--host/--port, SEQREC_H
 def check_redis(url: str, prefix: str) -> None:
     """A Redis that refuses this server's configuration (password, database number, ACL) is one line before
     anything starts; one that is down or full only for now is a warning, and the service starts without it."""
-    from service.redis_errors import redact_url, refused_configuration
+    from common.redis_url import redact_url
+    from service.redis_errors import refused_configuration
 
     problem = refused_configuration(url, prefix)
     if problem is not None:

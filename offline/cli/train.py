@@ -7,9 +7,9 @@ import logging
 from contextlib import nullcontext
 from pathlib import Path
 
+from common.atomic import exclusive, refuse_seqrec_folder
+from common.errors import SeqrecError
 from offline.cli.common import SEED, Subparsers, at_least, parse_ks, print_json
-from retriever.atomic import exclusive, refuse_seqrec_folder
-from retriever.errors import SeqrecError
 from retriever.repeats import REPEATS
 
 TRAIN_LOCK = "train.lock"  # in OUT/run, held by the run writing OUT

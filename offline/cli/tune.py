@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.atomic import refuse_seqrec_folder
 from offline.cli.common import SEED, Subparsers, at_least, print_json
-from retriever.atomic import refuse_seqrec_folder
 
 
 def add_tune_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -61,7 +61,7 @@ def _pins(items: list[str]) -> dict[str, Any]:
     """``["d_model=64", "schedule=wsd"]`` -> {"d_model": 64, "schedule": "wsd"} (values parsed as YAML)."""
     import yaml
 
-    from retriever.errors import SeqrecError
+    from common.errors import SeqrecError
 
     pins: dict[str, Any] = {}
     for item in items:

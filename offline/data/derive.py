@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from common.errors import SeqrecError
 from offline.data.prepare import _lists, _write_atomically
 from offline.data.prepared import FORMAT, ITEMS, SEQUENCES, USERS, PreparedDataset
 from offline.data.split import MIN_LENGTH
-from retriever.errors import SeqrecError
 
 HELD_OUT = "held_out_items.parquet"
 

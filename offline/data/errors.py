@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from retriever.errors import SeqrecError
+from common.errors import SeqrecError
 
 
 class DataError(SeqrecError):

@@ -21,12 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from common.atomic import check_replaceable, replace_dir, staging_dir
+from common.errors import SeqrecError
 from offline.data.prepared import FORMAT, ITEMS, MANIFEST, SEQUENCES, USERS, read_manifest, sha256_file
 from offline.data.readers.base import RawDataset, natural_key
 from offline.data.sequences import Sequences
 from offline.data.split import MIN_LENGTH, leave_one_out, repeat_shares
-from retriever.atomic import check_replaceable, replace_dir, staging_dir
-from retriever.errors import SeqrecError
 
 MAX_ID_CHARS = 256  # the longest user or item id a request to the service may carry (service/schemas.py)
 

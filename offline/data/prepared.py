@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from common.errors import wrong_manifest
 from offline.data.errors import DataError
 from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut, leave_one_out, repeat_shares
-from retriever.errors import wrong_manifest
 
 FORMAT = "seqrec.prepared/1"
 MANIFEST = "manifest.json"

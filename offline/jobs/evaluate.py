@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
 from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.evaluation.two_stage import Reranked, rerank_groups
@@ -30,7 +31,6 @@ from ranker.train import (
     retriever_ranks,
 )
 from retriever.artifact import RetrieverArtifact, retrieval_rows
-from retriever.errors import SeqrecError
 from service.bundle import compile_stages
 from service.catalog import load_served, pending, read_journal
 

@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
 from offline.jobs.train import evaluation_rows
 from ranker.config import HOLDOUT_PER_USER, HOLDOUT_STOP_SHARE
 from retriever.artifact import RetrieverArtifact, load_artifact
 from retriever.config import RunConfig
-from retriever.errors import SeqrecError
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from common.errors import SeqrecError, validation_message
 from offline.data.readers import check_dataset
 from offline.tune.section import TuneSection
 from ranker.config import RankerSection
 from retriever.config import read_yaml
-from retriever.errors import SeqrecError, validation_message
 
 # The reader options a pipeline's `data.reader` may set (`ReaderOptions`' fields), and whether each may be null.
 READER_OPTIONS = {"user_col": False, "item_col": False, "time_col": True, "sep": False, "items_path": True}

@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from common.atomic import write_json
 from offline.jobs.pipeline_config import PipelineConfig
 from offline.jobs.versions import CURRENT, LOCK, VERSIONS
-from retriever.atomic import write_json
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.atomic import atomic_write
+from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.evaluation.evaluate import EVAL_KS, summarize
@@ -49,8 +51,6 @@ from ranker.train import (
     ndcg_at,
 )
 from retriever.artifact import RetrieverArtifact, load_artifact, retrieval_rows
-from retriever.atomic import atomic_write
-from retriever.errors import SeqrecError
 from retriever.repeats import LEGACY_REPEATS
 
 log = logging.getLogger(__name__)

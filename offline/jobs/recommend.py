@@ -35,14 +35,13 @@ import pyarrow.parquet as pq
 import redis
 from tqdm import tqdm
 
+from common.errors import SeqrecError
+from common.redis_url import check_redis_url, redact_url
 from offline.data.prepared import PreparedDataset
 from offline.jobs.tables import has_clock
-from retriever.errors import SeqrecError
 from service.answer import plan_query, popular
 from service.bundle import Bundle
 from service.recommend import Query, recommend_batch
-from service.redis_errors import redact_url
-from service.settings import check_redis_url
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
 from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut
@@ -23,7 +24,6 @@ from ranker.features import ItemTables
 from ranker.mining import Mined
 from ranker.times import TimeTable
 from ranker.train import FeatureSource
-from retriever.errors import SeqrecError
 
 META_COLUMNS = ("genres", "attributes")
 

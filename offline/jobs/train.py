@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.errors import SeqrecError
 from offline.data.errors import DataError
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut, Split
@@ -22,7 +23,6 @@ from offline.jobs.warm_start import warm_start_init
 from retriever.artifact import RetrieverArtifact, RetrieverManifest, load_artifact, write_artifact
 from retriever.config import ConfigError, RunConfig, config_from_dict
 from retriever.distributed import Distributed, broadcast_bytes, process_group
-from retriever.errors import SeqrecError
 from retriever.features import feature_rows, feature_vocabulary, value_lists
 from retriever.index import IndexSpec
 from retriever.model import Retriever

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from retriever.atomic import exclusive, sync
+from common.atomic import exclusive, sync
 
 VERSIONS, CURRENT = "versions", "current"
 LOCK = ".pipeline.lock"

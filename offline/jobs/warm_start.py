@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
+from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
 from retriever.artifact import CATALOGUE, ArtifactError, load_artifact
 from retriever.config import RunConfig
-from retriever.errors import SeqrecError
 from retriever.features import feature_vocabulary
 from retriever.model import Retriever
 

@@ -23,8 +23,8 @@ import optuna
 import yaml
 from matplotlib.figure import Figure
 
+from common.atomic import atomic_write
 from offline.tables import markdown_table
-from retriever.atomic import atomic_write
 
 COLUMNS = ("trial", "state", "valid NDCG@10 (best)", "best epoch", "epochs", "minutes")
 

@@ -32,6 +32,8 @@ import sqlalchemy.exc
 import torch
 from sqlalchemy.engine import URL
 
+from common.errors import SeqrecError, first_line
+from common.redis_url import redact_url
 from offline.data.prepared import PreparedDataset
 from offline.jobs.train import dataset_fingerprint, dense_metrics, evaluation_sample, item_feature_matrix
 from offline.tune.report import write_report
@@ -39,11 +41,9 @@ from offline.tune.section import Clock, TuneSection
 from offline.tune.space import PARAMS, DataShape, fixed_problems, suggest
 from retriever.checkpoint import SELECTION_METRIC, load_weights, run_identity
 from retriever.config import ConfigError, RunConfig, config_from_dict, load_config
-from retriever.errors import SeqrecError, first_line
 from retriever.model import Retriever
 from retriever.repeats import resolve_repeats
 from retriever.train import Validate, fit
-from service.redis_errors import redact_url
 
 log = logging.getLogger(__name__)
 STUDY_NAME = "seqrec-tune"

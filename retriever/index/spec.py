@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, get_args
 
-from retriever.errors import RetrieverError
+from common.errors import RetrieverError
 
 IndexKind = Literal["flat", "hnsw", "ivf"]
 _KINDS: tuple[str, ...] = get_args(IndexKind)

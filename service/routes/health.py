@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from retriever import seqrec_version
+from common import seqrec_version
 from service.deps import EngineDep, MetricsDep, StoreDep
 from service.schemas import METRICS
 

@@ -3,10 +3,10 @@
 import pytest
 from pydantic import ValidationError
 
+from common.errors import SeqrecError
 from offline.cli import build_parser
 from offline.jobs.pipeline import PipelineConfig
 from ranker.config import MLPConfig, RankerConfig, RankerSection
-from retriever.errors import SeqrecError
 
 
 def _defaults(command: str) -> dict[str, object]:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import SeqrecError
 from offline.cli import main
 from offline.data.prepared import load_prepared
 from offline.jobs.tables import item_tables
@@ -18,7 +19,6 @@ from ranker.config import MLPConfig
 from ranker.mlp import MLPRanker
 from ranker.train import UnrankableScores, served_order_ranks
 from retriever.artifact import load_artifact
-from retriever.errors import SeqrecError
 
 DIRECT = ["--mining", "direct", "--depth", "20", "--epochs", "2", "--threads", "1", "-q"]
 

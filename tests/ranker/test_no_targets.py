@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.errors import SeqrecError
 from offline.cli import main
 from ranker.mining import Mined
 from ranker.train import Groups, check_targets
-from retriever.errors import SeqrecError
 from tests.tiny import TINY
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import SeqrecError
 from offline.cli import main
 from offline.data.prepared import load_prepared
 from offline.jobs.rank import mine_splits, split_sources, user_encoder
@@ -33,7 +34,6 @@ from ranker.train import (
     retriever_ranks,
 )
 from retriever.artifact import ArtifactError, load_artifact
-from retriever.errors import SeqrecError
 from tests.tiny import TINY
 
 

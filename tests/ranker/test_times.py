@@ -95,8 +95,8 @@ def test_data_without_timestamps_is_refused(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_the_pipeline_check_names_the_features_and_the_data() -> None:
+    from common.errors import SeqrecError
     from offline.jobs.tables import require_clock
-    from retriever.errors import SeqrecError
 
     require_clock(Path("d"), {"has_timestamps": True}, ("recent_30d",))
     require_clock(Path("d"), {"has_timestamps": False}, ("cooc_last1",))  # no request-time feature: no clock needed

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from retriever.errors import RetrieverError
+from common.errors import RetrieverError
 from retriever.losses import LossContext, bce, compute_loss, full_softmax, infonce, item_log_prob, sampled_softmax
 
 N_ITEMS, D, TAU = 12, 8, 0.1

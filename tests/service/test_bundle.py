@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from retriever.errors import SeqrecError
+from common.errors import SeqrecError
 from service.bundle import BundleError, load_bundle, resolve_bundle
 from service.store import StoreUnavailable
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import SeqrecError
 from offline.bench.ceiling import BATCHES, encoder_flop, main
-from retriever.errors import SeqrecError
 from service.bundle import load_bundle
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from common.errors import SeqrecError
 from offline.bench.bad_push import BREAKS, bad_push, broken_copy
 from offline.bench.load import Call, Marks, open_loop
 from offline.bench.payloads import load_catalogue
@@ -19,7 +20,6 @@ from offline.bench.processes import RedisProcess
 from offline.bench.redis_faults import redis_faults
 from offline.bench.soak import soak
 from offline.jobs.versions import switch_current
-from retriever.errors import SeqrecError
 from tests import needs
 from tests.service.support import Server, free_port, serving, train_bundle
 

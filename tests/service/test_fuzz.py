@@ -34,8 +34,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from common.atomic import write_json
 from offline.bench.reliability import Started
-from retriever.atomic import write_json
 from tests.service.support import Server, serving
 
 KEY = "fuzz-key"

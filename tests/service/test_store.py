@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 import pytest
 import redis.asyncio as aioredis
 
-from service.redis_errors import redact_url
+from common.redis_url import redact_url
 from service.settings import Settings
 from service.store import Event, HistoryStore, MemoryStore, RedisStore, StoreUnavailable, make_store
 from tests.service.support import SHARED_REDIS, RedisServer, free_port

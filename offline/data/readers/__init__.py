@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.errors import SeqrecError
 from offline.data.readers.base import RawDataset, drop_duplicate_interactions
-from retriever.errors import SeqrecError
 
 
 @dataclass(frozen=True)

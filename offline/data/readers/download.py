@@ -22,9 +22,9 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
+from common.atomic import replace_dir
 from offline.data.errors import DataError
 from offline.data.readers.movielens import OFFICIAL_BASE_URL, release
-from retriever.atomic import replace_dir
 
 URL_ENV = "SEQREC_MOVIELENS_URL"
 _CHUNK_BYTES = 1 << 20

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from common.errors import SeqrecError
 from offline.data.errors import DataError
 from offline.data.readers.base import ITEM, TIME, USER, RawDataset
 from offline.data.readers.recbole import read_recbole
 from offline.data.readers.textio import check_unique, read_bytes, read_delimited, row_line
-from retriever.errors import SeqrecError
 
 OFFICIAL_BASE_URL = "https://files.grouplens.org/datasets/movielens"
 

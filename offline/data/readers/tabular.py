@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from common.errors import SeqrecError
 from offline.data.errors import DataError
 from offline.data.readers.base import RawDataset, int_if_integral
 from offline.data.readers.textio import check_unique, one_line, read_delimited, row_line, shown_value
-from retriever.errors import SeqrecError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # The columns `prepare` writes to items.parquet itself: item_idx, and item_id for the --item-col values.

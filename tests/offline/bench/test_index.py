@@ -66,7 +66,7 @@ def test_choose_takes_the_cheapest_setting_per_structure_then_the_fastest() -> N
 
 
 def test_structure_spec_refuses_unknown_names() -> None:
-    from retriever.errors import SeqrecError
+    from common.errors import SeqrecError
 
     assert structure_spec("ivfpq", 10_000, 64).pq_m == 32
     with pytest.raises(SeqrecError, match="unknown index structure"):

@@ -15,6 +15,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from common.errors import SeqrecError
 from offline.bench.load import Answer, Call, LoadResult, due_times, quiet_collector, run_load, summarise
 from offline.bench.payloads import payloads_from_catalogue, payloads_from_dataset
 from offline.bench.processes import (
@@ -29,7 +30,6 @@ from offline.bench.serve import NOOP_APP
 from offline.bench.sweeps import geometric_rates, max_sustained_rate, report_table
 from offline.data.prepared import PreparedDataset
 from offline.data.sequences import Sequences
-from retriever.errors import SeqrecError
 
 ROOT = Path(__file__).resolve().parents[3]
 # the test apps below live in this module: the server process must be able to import it

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import SeqrecError
 from offline.bench.records import RunRecord, config_sha256, read_results
 from offline.bench.results import merge_results
 from offline.tables import markdown_header, markdown_row, markdown_table
-from retriever.errors import SeqrecError
 
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 

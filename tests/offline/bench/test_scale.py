@@ -10,10 +10,10 @@ from typing import Any
 import matplotlib.image
 import pytest
 
+from common.errors import SeqrecError
 from offline.bench.scale import parse_sizes
 from offline.bench.scale_report import TABLE_COPIES, slopes
 from offline.cli import main
-from retriever.errors import SeqrecError
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "synthetic" / "transformer.yaml"
 TINY = ["--config", str(CONFIG), "--interactions", "2000,8000", "--train-items", "1000", "--catalogues", "500,2000",

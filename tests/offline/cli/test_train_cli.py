@@ -219,7 +219,7 @@ def test_a_second_train_into_the_same_out_is_refused_while_the_first_runs(prepar
     folder on its checksums). The second is refused at once; a holder killed with SIGKILL leaves no stale lock."""
     out = tmp_path / "a"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from retriever.atomic import exclusive\n"
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from common.atomic import exclusive\n"
          "with exclusive(Path(sys.argv[1]), str):\n    print('held', flush=True); time.sleep(300)",
          str(out / "run" / TRAIN_LOCK)], stdout=subprocess.PIPE, text=True)
     try:

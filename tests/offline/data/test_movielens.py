@@ -6,9 +6,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from common.errors import SeqrecError
 from offline.data.errors import DataError
 from offline.data.readers.movielens import RELEASES, read_movielens
-from retriever.errors import SeqrecError
 
 SHARED_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"real data copies not found at {SHARED_DATA}")

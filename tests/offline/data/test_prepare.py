@@ -5,12 +5,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common.errors import SeqrecError
 from offline.data.errors import DataError
 from offline.data.prepare import MAX_ID_CHARS, Filters, prepare
 from offline.data.prepared import load_prepared
 from offline.data.readers.tabular import read_tabular
 from offline.data.split import repeat_shares
-from retriever.errors import SeqrecError
 
 # Rows out of time order, with ties inside users u1 and u2. On a tie the file order
 # must win: u1's items at t=10 come as c, a (never sorted by id to a, c).

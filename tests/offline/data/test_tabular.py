@@ -2,9 +2,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common.errors import SeqrecError
 from offline.data.errors import DataError
 from offline.data.readers.tabular import parse_sep, read_tabular
-from retriever.errors import SeqrecError
 
 
 def test_csv_with_named_columns(write):

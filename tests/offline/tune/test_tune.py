@@ -171,8 +171,8 @@ def _pipeline_config(tmp_path: Path, tune: dict) -> Path:
 
 
 def test_pipeline_tune_section_needs_a_budget(tmp_path: Path) -> None:
+    from common.errors import SeqrecError
     from offline.jobs.pipeline import load_pipeline_config
-    from retriever.errors import SeqrecError
 
     assert load_pipeline_config(_pipeline_config(tmp_path, {"trials": 2})).tune is not None
     with pytest.raises(SeqrecError, match="trials or minutes"):

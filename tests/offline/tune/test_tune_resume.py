@@ -10,10 +10,10 @@ import optuna
 import pytest
 
 import offline.tune.study as study_module
+from common.errors import SeqrecError
 from offline.cli import main
 from offline.cli.seqrec import Terminated
 from offline.tune.study import STUDY_NAME, TuneOptions, open_study
-from retriever.errors import SeqrecError
 from tests.offline.tune.test_tune import BASE, PINS, _three_each
 from tests.tiny import prepare_tiny
 

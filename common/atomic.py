@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from retriever.errors import SeqrecError, manifest_kind
+from common.errors import SeqrecError, manifest_kind
 
 MANIFEST = "manifest.json"  # what a dataset, an artifact or a ranker folder describes itself in
 UNREADABLE = object()  # a manifest.json that is there but cannot be read or parsed

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from common import atomic
+from common.atomic import atomic_write, exclusive, replace_dir
+from common.errors import SeqrecError
 from offline.jobs.versions import CURRENT, switch_current
-from retriever import atomic
-from retriever.atomic import atomic_write, exclusive, replace_dir
-from retriever.errors import SeqrecError
 
 
 def _folder(path: Path, text: str) -> Path:
