@@ -6,5 +6,5 @@ from setuptools import find_packages, setup
 setup(
     packages=[*find_packages(include=["common*", "retriever*", "ranker*", "service*", "offline*"]), "offline.configs"],
     package_dir={"offline.configs": "configs"},
-    package_data={"service": ["static/*"], "offline.configs": ["**/*.yaml"]},  # static: the try-it page at /
+    package_data={"service.http": ["static/*"], "offline.configs": ["**/*.yaml"]},  # static: the try-it page at /
 )

@@ -113,7 +113,7 @@ class TorchCooc:
 
     def follows(self, source: Tensor, target: Tensor) -> Tensor:
         """P(target follows source), elementwise, float64; 0 for padding, for items added after training
-        (ids past the table: `service.catalog`) and for pairs outside the table."""
+        (ids past the table: `service.system.catalog`) and for pairs outside the table."""
         inside = (source > 0) & (source < self.n1) & (target > 0) & (target < self.n1)
         keys = (torch.where(inside, source, 0) * self.n1 + torch.where(inside, target, 0)).reshape(-1)
         if len(self.keys) == 0:
@@ -141,7 +141,7 @@ def cooc_top(table: CoocTable, recent: np.ndarray, exclude: list[np.ndarray], k:
     """
     b, n_recent = recent.shape
     n1 = len(table.neighbors)
-    recent = np.where(recent < n1, recent, 0)  # items added after training (`service.catalog`) follow nothing
+    recent = np.where(recent < n1, recent, 0)  # items added after training (`service.system.catalog`) follow nothing
     decay = table.decay ** np.arange(n_recent - 1, -1, -1, dtype=np.float64)  # newest (last column) weighs 1
     ids = table.neighbors[recent].reshape(b, -1)  # (B, L * TOP)
     weight = (table.weights[recent].astype(np.float64) * decay[None, :, None]).reshape(b, -1)

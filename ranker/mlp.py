@@ -88,7 +88,7 @@ class MLPRanker(nn.Module):
     def logits(self, batch: FeatureBatch) -> Tensor:
         """(B, N) this member's logits, empty slots not masked."""
         dense = (batch.dense - self.dense_mean) / self.dense_std  # (B, N, F)
-        # ids past the trained table are items added since (service/catalog.py): unknown, replaced below
+        # ids past the trained table are items added since (service/system/catalog.py): unknown, replaced below
         ids = self.id_emb(batch.candidates.clamp(max=self.id_emb.num_embeddings - 1))  # (B, N, id_dim)
         ids = torch.where(batch.unknown[..., None], self.unknown.expand_as(ids), ids)
         user = batch.user[:, None, :].expand(-1, ids.shape[1], -1)  # (B, N, D)

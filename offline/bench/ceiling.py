@@ -10,7 +10,7 @@ model's window, k=10, ``--candidates``), in this process on one thread:
   (`offline.bench.measure.forward_flops`: matrix products and attention; norms, activations and lookups are
   not counted, so a lower bound of its arithmetic);
 - the CPU time per request of the served encoder (compiled where the bundle's is) and of the whole model path
-  (`service.recommend.recommend_batch`: encoder, FAISS, features, ranker), at batch 1 and batch 32, and the
+  (`service.system.recommend.recommend_batch`: encoder, FAISS, features, ranker), at batch 1 and batch 32, and the
   FLOP rate the encoder reaches;
 - this core's float32 matrix-multiply rate on a transformer feed-forward's shape (8,192 positions x d_model
   into 4 x d_model), the best case for that arithmetic.
@@ -40,10 +40,10 @@ from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.tables import markdown_table
 from retriever.compiled import ServedEncoder
 from retriever.model import Retriever
-from service.answer import plan_query
-from service.bundle import load_bundle
-from service.engine import set_threads
-from service.recommend import _padded_histories, recommend_batch
+from service.http.engine import set_threads
+from service.system.bundle import load_bundle
+from service.system.query import plan_query
+from service.system.recommend import _padded_histories, recommend_batch
 
 BATCHES = (1, 32)
 GEMM_ROWS = 8192  # positions of the feed-forward product timed for the core's peak rate
@@ -130,7 +130,8 @@ def to_markdown(reports: list[dict[str, Any]], serve: str | None = None) -> str:
     lines = ["# What the model's arithmetic allows", "",
              f"{first['requests']} request bodies of {lo}-{hi} random catalogue items (cut to each model's window), "
              f"k=10, {first['candidates']} candidates; in one process on one thread, medians of {first['rounds']} "
-             "rounds. Model path = `service.recommend.recommend_batch` (encoder, FAISS, features, ranker), no HTTP. "
+             "rounds. Model path = `service.system.recommend.recommend_batch` (encoder, FAISS, features, ranker), "
+             "no HTTP. "
              "The encoder's FLOP count is its matrix products and attention (`offline.bench.measure.forward_flops` on "
              "the eager encoder), a lower bound; the core's peak is the fastest of 200 float32 products of a "
              "transformer feed-forward's shape.", "",

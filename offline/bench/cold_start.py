@@ -3,7 +3,7 @@
     split     hold out a share of the catalogue (offline/data/derive.py: every interaction of those
               items removed from every sequence) -> OUT/train (prepared) + OUT/held_out_items.parquet
     evaluate  load the retriever trained on OUT/train, add the held-out items through the same code
-              as ``POST /admin/items`` (service/catalog.py), and rank the full extended catalogue for
+              as ``POST /admin/items`` (service/system/catalog.py), and rank the full extended catalogue for
               every test user of the original data whose test target is a held-out item
 
 Train between the two with the dataset's committed config, e.g.
@@ -33,8 +33,8 @@ from offline.data.sequences import Sequences
 from offline.evaluation.evaluate import summarize, target_ranks
 from offline.tables import markdown_table
 from retriever.model import Retriever
-from service.bundle import Bundle, load_bundle
-from service.catalog import CatalogChanges, apply_changes
+from service.system.bundle import Bundle, load_bundle
+from service.system.catalog import CatalogChanges, apply_changes
 
 KS = (1, 5, 10, 20, 50)
 

@@ -28,9 +28,9 @@ from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.tables import markdown_table
 from ranker.features import DENSE_FEATURES, _similarity_block, _similarity_features
 from retriever.compiled import OnnxEncoder
-from service.bundle import load_bundle
-from service.engine import set_threads
-from service.recommend import Query, _padded_histories
+from service.http.engine import set_threads
+from service.system.bundle import load_bundle
+from service.system.recommend import Query, _padded_histories
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 

@@ -6,7 +6,7 @@
 Starts the service with a ``sitecustomize`` module first on its path (`HOOK`) that times every collection
 with ``gc.callbacks`` and prints each as a JSON line to the server's output, so any version of the service
 can be probed unchanged. With ``--server-code`` (a source tree of another version, e.g. a ``git worktree`` of
-the commit before `service.engine.settle_heap`), its runs ("before") alternate with this version's
+the commit before `service.http.engine.settle_heap`), its runs ("before") alternate with this version's
 ("this"), ``--runs`` of each. Each run warms up at 10 r/s for 3 s, then offers ``--rate`` requests/s
 open-loop for ``--seconds``; the collections counted are those inside that window.
 Writes OUT/gc-pauses.{json,md}.

@@ -11,7 +11,7 @@ as `seqrec bench serve` counts it) is split with the service's own ``timing_ms``
 - ``late``: how late the client sent it (the client shares the machine);
 - ``queue``: inside the service, waiting for the model (a batch ahead of it, the hand-off to the inference
   thread and back);
-- ``encode``, ``search``, ``rerank``: the two stages (`service.recommend.recommend_batch`);
+- ``encode``, ``search``, ``rerank``: the two stages (`service.system.recommend.recommend_batch`);
 - ``outside``: the rest: HTTP, the request's validation, the response's JSON, both event loops.
 
 In process: the same bodies' queries at batch 1, each once right after the same call (``back_to_back``), once
@@ -41,9 +41,9 @@ from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.processes import SERVICE_APP, start_server_process
 from offline.cli.common import SEED, configure_logging
 from offline.tables import markdown_table
-from service.bundle import Bundle, load_bundle
-from service.engine import set_threads
-from service.recommend import Query, recommend_batch
+from service.http.engine import set_threads
+from service.system.bundle import Bundle, load_bundle
+from service.system.recommend import Query, recommend_batch
 
 log = logging.getLogger(__name__)
 PARTS = ("latency", "late", "queue", "encode", "search", "rerank", "outside")

@@ -98,7 +98,7 @@ def compare(url: str, bundle: Path, data: PreparedDataset, *, k: int = 10) -> Pa
 def _served_ids(bundle: Path) -> np.ndarray:
     """External id of each internal id - 1: the trained items, then those added through the admin routes that the
     model gives a vector (the bundle's catalogue journal, as the service loads it)."""
-    from service.catalog import load_served, read_journal
+    from service.system.catalog import load_served, read_journal
 
     changes = read_journal(bundle)
     ids = load_served(bundle, inference="eager").artifact.item_ids if changes.added else np.load(

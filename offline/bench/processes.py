@@ -136,7 +136,7 @@ class RunningServer:
     log: Path  # stdout + stderr of the process; removed when the server stops
 
 
-SERVICE_APP = "service.app:create_app"  # the service, as every bench and test starts it
+SERVICE_APP = "service.http.app:create_app"  # the service, as every bench and test starts it
 
 
 @contextlib.contextmanager

@@ -32,13 +32,13 @@ BUCKETS = (  # (path fragment of the deepest seqrec frame, bucket), first match 
     ("ranker/", "ranker model (LightGBM / MLP)"),
     ("retriever/index", "FAISS search"),
     ("retriever/", "encoder"),
-    ("service/recommend.py", "two-stage glue (padding, exclusions, top-k)"),
-    ("service/answer.py", "answer: ids, metadata, response body"),
-    ("service/routes/", "route (orjson body)"),
-    ("service/schemas.py", "request validation (seqrec validators)"),
-    ("service/store", "history store"),
-    ("service/engine.py", "engine (batching, thread hop)"),
-    ("service/metrics.py", "HTTP, validation, event loop (no seqrec frame)"),  # the middleware wraps the ASGI send
+    ("service/system/recommend.py", "two-stage glue (padding, exclusions, top-k)"),
+    ("service/http/answer.py", "answer: ids, metadata, response body"),
+    ("service/http/routes/", "route (orjson body)"),
+    ("service/http/schemas.py", "request validation (seqrec validators)"),
+    ("service/http/store", "history store"),
+    ("service/http/engine.py", "engine (batching, thread hop)"),
+    ("service/http/metrics.py", "HTTP, validation, event loop (no seqrec frame)"),  # the middleware wraps the ASGI send
     ("service/", "service, other"),
 )
 FRAMEWORK = "HTTP, validation, event loop (no seqrec frame)"

@@ -2,7 +2,7 @@
 
     python -m offline.bench.replicas --artifacts /tmp/replica-artifacts --replicas 1,2 --duration 20 --out replicas.json
 
-For each replica count N: starts N service processes on free local ports (`service.app:create_app`
+For each replica count N: starts N service processes on free local ports (`service.http.app:create_app`
 under uvicorn, one worker and SEQREC_THREADS=1 each, as in the api container), then one nginx on
 docker/nginx.conf with its upstream `server api:8000 resolve` replaced by those N ports (there is
 no Docker DNS on the host; the rest of the file is used as it is), and waits for /readyz through
@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if shutil.which(args.nginx) is None:
         parser.error(f"{args.nginx}: not found; install nginx (Debian: apt-get install -y nginx)")
 
-    from service.bundle import resolve_bundle
+    from service.system.bundle import resolve_bundle
 
     bundle = resolve_bundle(args.artifacts)
     item_ids = load_catalogue(bundle)

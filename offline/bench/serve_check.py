@@ -1,5 +1,5 @@
 """Served answers against the reference path: each body sent alone over HTTP, then answered in this process by
-`service.recommend.recommend_batch` (batch of one, eager encoder, no cache) on its own load of the bundle.
+`service.system.recommend.recommend_batch` (batch of one, eager encoder, no cache) on its own load of the bundle.
 
 Top-k ids must be identical and scores within ``tolerance``: what `seqrec bench serve` checks after its load,
 so a faster path that changes answers is caught by the bench that measures it.
@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from offline.bench.load import post_json
-from service.bundle import Bundle, load_bundle
-from service.recommend import Query, recommend_batch
+from service.system.bundle import Bundle, load_bundle
+from service.system.recommend import Query, recommend_batch
 
 TOLERANCE = 1e-4
 
 
 def reference_query(bundle: Bundle, body: dict[str, Any]) -> Query:
-    """The query `service.answer.answer` builds for a history body of catalogue ids (all known)."""
+    """The query `service.http.answer.answer` builds for a history body of catalogue ids (all known)."""
     history = [bundle.index_of[str(i)] for i in body["history"]]
     used = history[-bundle.max_len:]
     exclude_seen = bundle.exclude_seen if body.get("exclude_seen") is None else body["exclude_seen"]

@@ -3,7 +3,7 @@
     python -m offline.bench.serve_stages --artifact BUNDLE --out docs/results/serve [--requests 300]
 
 For single requests (batch 1, the low-load case) over random catalogue histories: the medians of each
-stage of `service.recommend.recommend_batch` (wall time, from ``timing_ms``, and the whole call's CPU time)
+stage of `service.system.recommend.recommend_batch` (wall time, from ``timing_ms``, and the whole call's CPU time)
 with the stored-user cache missed (a new history) and hit (the same user and history again); then the
 CPU time of each part timed apart (encoder, FAISS, the ranker's features, its scores), and two costs of
 exactness measured side by side on the same inputs (and the HTTP side's choices: ids validated per id or at
@@ -30,10 +30,10 @@ from offline.bench.payloads import load_catalogue, payloads_from_catalogue
 from offline.cli.common import SEED
 from offline.tables import markdown_table
 from ranker.features import compute_features
-from service.bundle import Bundle, load_bundle
-from service.engine import set_threads
-from service.recommend import Query, recommend_batch
-from service.schemas import ItemId, ItemIds, RecommendResponse
+from service.http.engine import set_threads
+from service.http.schemas import ItemId, ItemIds, RecommendResponse
+from service.system.bundle import Bundle, load_bundle
+from service.system.recommend import Query, recommend_batch
 
 
 def _queries(bundle: Bundle, payloads: list[dict[str, Any]], depth: int) -> list[Query]:

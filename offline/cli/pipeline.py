@@ -70,7 +70,7 @@ def add_demo_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from offline.jobs.pipeline import run_pipeline, summary_table
-    from service.bundle import load_bundle
+    from service.system.bundle import load_bundle
 
     if not args.no_serve:  # before minutes of training, not after
         check_bindable(args.host, args.port, "--host/--port")
@@ -87,8 +87,8 @@ def _demo(args: argparse.Namespace) -> int:
         return 0
     import uvicorn
 
-    from service.app import create_app
-    from service.settings import Settings
+    from service.http.app import create_app
+    from service.http.settings import Settings
 
     settings = Settings(artifacts=args.out, host=args.host, port=args.port, redis_url=None)
     uvicorn.run(create_app(settings, bundle=bundle), host=args.host, port=args.port, log_level="info")

@@ -55,10 +55,10 @@ def _recommend(args: argparse.Namespace) -> int:
     _check_numbers(args)
     from offline.data.prepared import load_prepared
     from offline.jobs.recommend import BatchJob, parse_shard, run_batch, select_users
-    from service.bundle import resolve_bundle
-    from service.catalog import load_served
-    from service.engine import set_threads as set_inference_threads
-    from service.filters import eligible
+    from service.http.engine import set_threads as set_inference_threads
+    from service.system.bundle import resolve_bundle
+    from service.system.catalog import load_served
+    from service.system.filters import eligible
 
     shard = parse_shard(args.shard)
     set_threads(args.threads)
@@ -132,7 +132,7 @@ def _filters(text: str | None) -> dict[str, Any] | None:
         raise SeqrecError(f"--filters is not valid JSON: {err}") from None
     from pydantic import ValidationError
 
-    from service.schemas import Filters
+    from service.http.schemas import Filters
 
     try:  # the request's own schema, so the CLI takes exactly what POST /recommend takes
         return Filters.model_validate(value).conditions()

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 log = logging.getLogger("seqrec")
-WORKER_APP = "service.app:create_app"  # each worker process builds its app from SEQREC_* variables
+WORKER_APP = "service.http.app:create_app"  # each worker process builds its app from SEQREC_* variables
 
 
 def add_serve_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_serve_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "serve", parents=[common], help="serve recommendations over HTTP (POST /recommend; docs at /docs)",
         description="Start the HTTP service on the bundle ARTIFACTS/current names (or on a bundle folder). "
         "Every option falls back to its SEQREC_* environment variable (SEQREC_REDIS_URL, SEQREC_API_KEY, "
-        "...; see service/settings.py); without a Redis URL, histories live in an in-process store.",
+        "...; see service/http/settings.py); without a Redis URL, histories live in an in-process store.",
     )
     p.add_argument("--artifacts", type=Path, default=None, help="artifacts folder or bundle (SEQREC_ARTIFACTS)")
     p.add_argument("--host", default=None, help="interface to bind (SEQREC_HOST, default 127.0.0.1)")
@@ -56,10 +56,10 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from service.app import create_app
-    from service.bundle import BundleError, resolve_bundle
-    from service.catalog import load_served
-    from service.settings import Settings
+    from service.http.app import create_app
+    from service.http.settings import Settings
+    from service.system.bundle import BundleError, resolve_bundle
+    from service.system.catalog import load_served
 
     given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
                                                     "max_batch", "max_wait_ms")}
@@ -107,7 +107,7 @@ def check_redis(url: str, prefix: str) -> None:
     """A Redis that refuses this server's configuration (password, database number, ACL) is one line before
     anything starts; one that is down or full only for now is a warning, and the service starts without it."""
     from common.redis_url import redact_url
-    from service.redis_errors import refused_configuration
+    from service.http.redis_errors import refused_configuration
 
     problem = refused_configuration(url, prefix)
     if problem is not None:

@@ -127,7 +127,7 @@ def _export(args: argparse.Namespace) -> int:
 
     from retriever.artifact import ArtifactError, read_manifest, rewrite_index
     from retriever.index import IndexSpec, spec_for_catalogue
-    from service.catalog import keeping_catalogue_changes
+    from service.system.catalog import keeping_catalogue_changes
 
     given = {name: value for name in (*INDEX_OPTIONS["hnsw"], *INDEX_OPTIONS["ivf"])
              if (value := getattr(args, name)) is not None}

@@ -28,7 +28,7 @@ from offline.data.readers.base import RawDataset, natural_key
 from offline.data.sequences import Sequences
 from offline.data.split import MIN_LENGTH, leave_one_out, repeat_shares
 
-MAX_ID_CHARS = 256  # the longest user or item id a request to the service may carry (service/schemas.py)
+MAX_ID_CHARS = 256  # the longest user or item id a request to the service may carry (service/http/schemas.py)
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _encode_sorted(table: pa.Table) -> Encoded:
 
 
 def _check_id_lengths(what: str, names: np.ndarray) -> None:
-    """Ids longer than a request may carry (`service.schemas`) would be trained on and evaluated, yet never served:
+    """Ids longer than a request may carry (`service.http.schemas`) would be trained on and evaluated, yet never served:
     every request naming one is a 422."""
     long = [str(name) for name in names if len(str(name)) > MAX_ID_CHARS]
     if long:

@@ -2,7 +2,7 @@
 
 `offline.jobs.evaluate.evaluate_bundle` summarises the ranks; `seqrec bench parity` compares the top k with
 what the service returns. Both come from the same scores, ordered as the service orders them
-(`service.recommend.recommend_batch`): best score first, ties in retrieval order, empty slots never.
+(`service.system.recommend.recommend_batch`): best score first, ties in retrieval order, empty slots never.
 """
 
 from __future__ import annotations

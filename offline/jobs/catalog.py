@@ -1,4 +1,4 @@
-"""What the pipeline does with the served bundle's catalogue changes (`service.catalog`) and warm starts.
+"""What the pipeline does with the served bundle's catalogue changes (`service.system.catalog`) and warm starts.
 
 * ``take_added_items``: after ``prepare``, the items added through ``POST /admin/items`` since the served
   bundle was published join the prepared catalogue (items.parquet, with their columns), so the next
@@ -24,7 +24,7 @@ from offline.data.prepare import _write_atomically
 from offline.data.prepared import ITEMS, SEQUENCES, USERS, load_prepared
 from offline.jobs.versions import CURRENT
 from retriever.artifact import CATALOGUE, ITEM_IDS
-from service.catalog import CatalogChanges, read_journal, write_journal
+from service.system.catalog import CatalogChanges, read_journal, write_journal
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`seqrec evaluate` of a bundle: retriever top-N -> ranker -> top-K on the validation and test users,
 with the exclusion, depth and features the service uses (the parity bench compares the two), and the
-catalogue the service serves: the bundle's journal of items retired and added (`service.catalog`) applied."""
+catalogue the service serves: the bundle's journal of items retired and added (`service.system.catalog`) applied."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from ranker.train import (
     retriever_ranks,
 )
 from retriever.artifact import RetrieverArtifact, retrieval_rows
-from service.bundle import compile_stages
-from service.catalog import load_served, pending, read_journal
+from service.system.bundle import compile_stages
+from service.system.catalog import load_served, pending, read_journal
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
     usable = tuple(k for k in ks if k <= system.depth)
     deeper = ",".join(str(k) for k in ks if k > system.depth)
     if deeper:
-        # A request for such a k retrieves k candidates, not `depth` (service.recommend): another system.
+        # A request for such a k retrieves k candidates, not `depth` (service.system.recommend): another system.
         hint = f"--candidates {max(ks)} (a request's `candidates`) measures {'them' if ',' in deeper else 'it'}"
         if not usable:
             raise SeqrecError(f"--ks {deeper}: above the {system.depth} candidates the list ranks; {hint}")

@@ -63,8 +63,8 @@ RawEncoder = Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, D) floa
 def user_encoder(artifact: RetrieverArtifact) -> Encoder:
     """(B, T) histories -> (B, D) unit user vectors, as the service computes them with its default
     ``SEQREC_INFERENCE=auto``: through the artifact's compiled encoder when it compiles and matches eager,
-    else eagerly (`service.bundle.compile_stages`, the service's own choice, not a copy of it)."""
-    from service.bundle import compile_stages
+    else eagerly (`service.system.bundle.compile_stages`, the service's own choice, not a copy of it)."""
+    from service.system.bundle import compile_stages
 
     return unit_user_vectors(artifact, compile_stages(artifact.path, artifact, None, "auto",
                                                       threads=torch.get_num_threads())[0])
@@ -270,10 +270,10 @@ def _selection_ndcg(name: str, scorer: Any, source: FeatureSource, valid: Groups
 
 def served_scorer(ranker: Ranker) -> Any:
     """``ranker.score`` as the service computes it by default (``SEQREC_INFERENCE=auto``,
-    `service.bundle.compile_ranker`): compiled where it compiles and matches, else eager; so the figures
+    `service.system.bundle.compile_ranker`): compiled where it compiles and matches, else eager; so the figures
     written with the ranker are the served ones, not ones a near-tie away from them."""
     from retriever.compiled import ExportRefused
-    from service.bundle import compile_ranker
+    from service.system.bundle import compile_ranker
 
     try:
         return compile_ranker(ranker, None, torch.get_num_threads())[0].score

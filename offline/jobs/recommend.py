@@ -3,10 +3,10 @@
 Each user's history is their whole prepared sequence ("what next, after everything we know"), mapped to
 the bundle's ids by external id (items the bundle does not know are dropped, as the service drops them; the
 CLI warns about them and refuses data that shares no item with the bundle).
-Users stream in batches through `service.answer.plan_query` (the window, the exclusions, the default
-depth) and `service.recommend.recommend_batch` (FAISS, the ranker's features and scores), the functions
+Users stream in batches through `service.system.query.plan_query` (the window, the exclusions, the default
+depth) and `service.system.recommend.recommend_batch` (FAISS, the ranker's features and scores), the functions
 behind ``POST /recommend``; a history with no known item gets the service's popularity answer. Business
-filters (`service.filters`) apply as in a request.
+filters (`service.system.filters`) apply as in a request.
 
 Output: a Parquet file (``user_id, rank, item_id, score``, one row group per batch) written to a temporary
 file and renamed, and optionally each user's list in Redis under ``{prefix}recs:{user_id}`` as JSON
@@ -39,9 +39,9 @@ from common.errors import SeqrecError
 from common.redis_url import check_redis_url, redact_url
 from offline.data.prepared import PreparedDataset
 from offline.jobs.tables import has_clock
-from service.answer import plan_query, popular
-from service.bundle import Bundle
-from service.recommend import Query, recommend_batch
+from service.system.bundle import Bundle
+from service.system.query import plan_query, popular
+from service.system.recommend import Query, recommend_batch
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class BatchJob:
     rerank: bool = True  # False: the retriever's top k (--stage retriever)
     batch_size: int = 256
     shard: tuple[int, int] = (0, 1)  # (I, N)
-    allowed: np.ndarray | None = None  # business filters: the eligible index rows (service.filters.eligible)
+    allowed: np.ndarray | None = None  # business filters: the eligible index rows (service.system.filters.eligible)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -215,7 +215,7 @@ def _write_redis(client: Any, table: pa.Table, version: str, prefix: str, ttl: i
 
 def _queries(bundle: Bundle, histories: list[list[int]], job: BatchJob,
              newest: list[float | None]) -> list[Query | None]:
-    """What `service.answer` would queue for each history sent as a request with its items' timestamps (None: the
+    """What `service.http.answer` would queue for each history sent as a request with its items' timestamps (None: the
     popularity answer); a ranker with request-time features scores as of the clock when it runs."""
     return [plan_query(bundle, h, set(), k=job.k, candidates=None, exclude_seen=bundle.exclude_seen,
                        rerank=job.rerank, allowed=job.allowed, last_event=t) for h, t in zip(histories, newest,

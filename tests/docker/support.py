@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.settings import Settings
+from service.http.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"

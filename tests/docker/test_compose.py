@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from offline.cli import main as seqrec_main
-from service.settings import Settings
+from service.http.settings import Settings
 from tests.docker.support import (
     COMPOSE,
     COMPOSE_GPU,
@@ -85,7 +85,7 @@ def api_and_trainer_problems(api: dict[str, Any], trainer: dict[str, Any]) -> li
     written = volumes(trainer, "volume").get("artifacts")
     if written is None or written[1] or written[0] != out:
         problems.append(f"trainer's --out {out} is not the writable artifacts volume ({written})")
-    # Writable: the catalogue journal of /admin/items is written beside the served bundle (service/catalog.py).
+    # Writable: the catalogue journal of /admin/items is written beside the served bundle (service/system/catalog.py).
     served = volumes(api, "volume").get("artifacts")
     if served is None or served[1] or served[0] != environment(api).get("SEQREC_ARTIFACTS"):
         problems.append(f"api's SEQREC_ARTIFACTS is not the writable artifacts volume ({served})")

@@ -121,7 +121,7 @@ def test_gpu_image_has_cuda_runtime_cuda_torch_and_faiss_gpu():
 def test_dockerignore_keeps_local_state_out_of_the_context():
     patterns = ignore_patterns()
     for path in (".venv/bin/python", "data/ml-1m/sequences.parquet", "artifacts/current", ".git/HEAD", ".env",
-                 "offline/__pycache__/cli.cpython-311.pyc", "service/app.pyc", ".pytest_cache/v/cache",
+                 "offline/__pycache__/cli.cpython-311.pyc", "service/http/app.pyc", ".pytest_cache/v/cache",
                  ".mypy_cache/3.11/x.json", ".ruff_cache/content", "seqrec.egg-info/PKG-INFO", "runs/beauty/last.pt"):
         assert dockerignored(path, patterns), path
     for path in ("pyproject.toml", "README.md", "offline/cli/__init__.py", "configs/ml-1m/transformer.yaml"):

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from offline.bench import replicas
-from service.settings import Settings
+from service.http.settings import Settings
 from tests import needs
 from tests.docker.support import (
     COMPOSE,

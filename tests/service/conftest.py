@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from offline.cli import main as seqrec
-from service.settings import Settings
-from service.store import HistoryStore, make_store
+from service.http.settings import Settings
+from service.http.store import HistoryStore, make_store
 from tests import needs
 from tests.service.support import (
     SHARED_REDIS,

@@ -73,7 +73,7 @@ def mismatch_shapes(bundle: Path) -> None:
 
 
 class Server(UvicornProcess):
-    """``uvicorn service.app:create_app --factory`` on a free port, configured by ``SEQREC_*`` variables only.
+    """``uvicorn service.http.app:create_app --factory`` on a free port, configured by ``SEQREC_*`` variables only.
 
     It runs from ``workdir`` (so no ``.env`` of the checkout leaks in), logs to ``workdir/server.log``, and
     ``start`` waits for ``GET /readyz`` (failing with the log when it never comes)."""
@@ -84,7 +84,7 @@ class Server(UvicornProcess):
         env = {k: v for k, v in os.environ.items() if not k.startswith("SEQREC_")}
         env.update({"SEQREC_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
         env.update({f"SEQREC_{name.upper()}": value for name, value in settings.items()})
-        super().__init__("service.app:create_app", env, workdir / "server.log", cwd=workdir, grace_s=15.0)
+        super().__init__("service.http.app:create_app", env, workdir / "server.log", cwd=workdir, grace_s=15.0)
 
     def launch(self) -> Server:
         super().launch()

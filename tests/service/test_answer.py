@@ -1,4 +1,4 @@
-"""A `/recommend` request answered without HTTP (`service.answer.answer`), and the one answer that needs the
+"""A `/recommend` request answered without HTTP (`service.http.answer.answer`), and the one answer that needs the
 model's contract: ``personalize`` on a bidirectional encoder is a field error, refused before anything is
 queued, so it never fails the batch it would have joined."""
 
@@ -12,15 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.answer import answer
-from service.app import create_app
-from service.bundle import Bundle, load_bundle
-from service.engine import Engine
-from service.metrics import Metrics
-from service.recommend import NeedsCausalModel, Query, recommend_batch
-from service.schemas import RecommendRequest
-from service.settings import Settings
-from service.store import Event, HistoryStore, MemoryStore
+from service.http.answer import answer
+from service.http.app import create_app
+from service.http.engine import Engine
+from service.http.metrics import Metrics
+from service.http.schemas import RecommendRequest
+from service.http.settings import Settings
+from service.http.store import Event, HistoryStore, MemoryStore
+from service.system.bundle import Bundle, load_bundle
+from service.system.recommend import NeedsCausalModel, Query, recommend_batch
 
 pytestmark = pytest.mark.anyio
 

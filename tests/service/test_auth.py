@@ -155,7 +155,7 @@ def test_validation_still_names_the_field_with_the_key(client: httpx.Client) -> 
 
 def test_every_route_that_is_not_a_read_needs_the_key(client: httpx.Client) -> None:
     """Read from the served OpenAPI document, not from a list kept by hand: a router added to `ROUTERS` but not to
-    `KEYED` (service/app.py) would serve its writes without the key. A stored history is read with the key too."""
+    `KEYED` (service/http/app.py) would serve its writes without the key. A stored history is read with the key too."""
     paths = client.get("/openapi.json").json()["paths"]
     writes = [(method, re.sub(r"\{[^}]+\}", "i1", path)) for path, operations in paths.items()
               for method in operations if (method not in ("get", "head") and path not in READS_BY_POST)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import SeqrecError
-from service.bundle import BundleError, load_bundle, resolve_bundle
-from service.store import StoreUnavailable
+from service.http.store import StoreUnavailable
+from service.system.bundle import BundleError, load_bundle, resolve_bundle
 
 
 def test_resolve_prefers_current(bundle: Path, tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ import torch
 from offline.cli import main as seqrec
 from retriever.artifact import rewrite_index
 from retriever.index import IndexSpec, search
-from service.bundle import load_bundle
-from service.catalog import JOURNAL, CatalogChanges, apply_changes, load_served
+from service.system.bundle import load_bundle
+from service.system.catalog import JOURNAL, CatalogChanges, apply_changes, load_served
 from tests.service.support import SHARED_REDIS, Server, serving
 
 KEY = "catalogue-test-key"
@@ -200,7 +200,7 @@ def test_an_export_keeps_the_catalogue_changes_a_server_makes_meanwhile(served_c
     """`seqrec export` copied the bundle, built the index for seconds, then swapped the copy in: retirements a
     server journaled in between were lost (acknowledged, then recommended again after the reload)."""
     from retriever import artifact
-    from service.catalog import journal_lock, read_journal, write_journal
+    from service.system.catalog import journal_lock, read_journal, write_journal
 
     write_journal(served_copy, CatalogChanges(retired=["i1"]))
     build = artifact.build_index

@@ -1,5 +1,5 @@
 """`seqrec evaluate` counts the catalogue the service serves: a bundle's journal of items retired and added
-(`service.catalog`) applied, in the two-stage evaluation and in the retriever's FAISS-index figures, and every
+(`service.system.catalog`) applied, in the two-stage evaluation and in the retriever's FAISS-index figures, and every
 test user's served list equal to the one the evaluation ranked."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from offline.bench.parity import TOLERANCE, compare
 from offline.cli import main as seqrec
 from offline.data.prepared import load_prepared
 from offline.jobs.evaluate import evaluate_bundle, two_stage_top
-from service.catalog import CatalogChanges, write_journal
+from service.system.catalog import CatalogChanges, write_journal
 from tests.service.support import serving
 
 K = 10

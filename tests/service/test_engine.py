@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from service.bundle import Bundle, load_bundle
-from service.engine import Engine, Overloaded
-from service.recommend import Query, Result, recommend_batch
+from service.http.engine import Engine, Overloaded
+from service.system.bundle import Bundle, load_bundle
+from service.system.recommend import Query, Result, recommend_batch
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +68,7 @@ def test_set_threads_keeps_numpy_blas_on_one_thread() -> None:
     not even when SEQREC_THREADS gives torch and FAISS two (the engine's inference thread calls set_threads)."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from service.engine import set_threads
+    from service.http.engine import set_threads
 
     blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
     if not blas:
@@ -159,8 +159,8 @@ async def test_an_overloaded_service_answers_503_with_retry_after(served: Bundle
     """Through the app (in-process ASGI, its own lifespan): the 503 says why, asks to retry, and is counted."""
     import httpx
 
-    from service.app import create_app
-    from service.settings import Settings
+    from service.http.app import create_app
+    from service.http.settings import Settings
 
     async def refuse(self: Engine, query: Query, bundle: Bundle | None = None) -> Result[Bundle]:
         raise Overloaded("256 requests already wait for the model (SEQREC_MAX_QUEUE)")

@@ -238,7 +238,7 @@ def test_the_slow_runs_counts_are_written_as_the_docs_read_them(tmp_path: Path) 
     assert not [p.name for p in out.parent.iterdir() if p != out]  # written through a temp file, renamed
 
 
-# What the fuzzer found, pinned down (each was a schema violation or a 404 before the fix in service/app.py).
+# What the fuzzer found, pinned down (each was a schema violation or a 404 before the fix in service/http/app.py).
 
 
 @pytest.fixture(scope="module")

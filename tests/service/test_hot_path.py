@@ -13,11 +13,11 @@ import httpx
 import pytest
 import torch
 
-from service.bundle import Bundle, load_bundle
-from service.cache import UserVectors
-from service.engine import Engine
-from service.recommend import Query, recommend_batch
-from service.schemas import RecommendResponse
+from service.http.engine import Engine
+from service.http.schemas import RecommendResponse
+from service.system.bundle import Bundle, load_bundle
+from service.system.cache import UserVectors
+from service.system.recommend import Query, recommend_batch
 from tests.service.support import Server
 
 

@@ -10,8 +10,8 @@ import numpy as np
 
 from retriever.artifact import rewrite_index
 from retriever.index import IndexSpec
-from service.bundle import load_bundle
-from service.recommend import Query, recommend_batch
+from service.system.bundle import load_bundle
+from service.system.recommend import Query, recommend_batch
 
 
 def test_every_request_gets_k_items_through_a_one_list_probe(bundle: Path, tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from offline.bench.latency_split import PARTS, gap_costs, split_answer, split_markdown, summarise_split
 from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from service.bundle import load_bundle
-from service.recommend import Query
+from service.system.bundle import load_bundle
+from service.system.recommend import Query
 
 
 def test_outside_is_what_the_service_timer_and_the_client_lateness_leave_of_the_latency() -> None:

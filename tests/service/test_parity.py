@@ -7,7 +7,7 @@ score-level tests below check the ranker's scores and retrieval scores on a doze
 Offline reference of the score-level tests, as `offline.jobs.evaluate.evaluate_bundle` scores the test split:
 `ranker.mining.mine` (index search, history excluded), `ranker.train.make_groups` + `features`, the
 bundle's ranker `score`; top k by score, ties in retrieval order. The service is checked twice against it:
-`service.recommend.recommend_batch` in this process (all users in one batch) and `POST /recommend` over HTTP."""
+`service.system.recommend.recommend_batch` in this process (all users in one batch) and `POST /recommend` over HTTP."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from ranker.artifact import load_ranker, unit_item_vectors
 from ranker.mining import mine
 from ranker.train import FeatureSource, features, group_ranks, make_groups
 from retriever.artifact import load_artifact
-from service.bundle import load_bundle
-from service.recommend import Query, recommend_batch
+from service.system.bundle import load_bundle
+from service.system.recommend import Query, recommend_batch
 from tests.service.support import Server, metric_samples
 
 DEPTH, K, N_USERS = 20, 10, 12

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from offline.cli import main
-from service.bundle import BundleError
+from service.system.bundle import BundleError
 from tests.service.support import RedisServer, free_port
 
 
@@ -27,12 +27,12 @@ def test_serve_refuses_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFi
 def test_a_port_in_use_is_one_line_before_the_bundle_loads(bundle: Path, workers: str, capsys: pytest.CaptureFixture,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """It was uvicorn's log line and exit 3, after the bundle had loaded."""
-    import service.catalog
+    import service.system.catalog
 
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("the bundle was loaded before the port was checked")
 
-    monkeypatch.setattr(service.catalog, "load_served", never)
+    monkeypatch.setattr(service.system.catalog, "load_served", never)
     monkeypatch.delenv("SEQREC_REDIS_URL", raising=False)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -134,12 +134,12 @@ def test_a_key_that_is_not_printable_ascii_is_refused(bundle: Path, key: str, ca
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """SEQREC_API_KEY='clé' started, and every write was 401: curl sends the header's UTF-8 bytes, the server reads
     them as Latin-1 ('clÃ©'), and browsers refuse to send it. The key itself stays out of the message."""
-    import service.catalog
+    import service.system.catalog
 
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("the key was taken: the bundle was loaded to serve")
 
-    monkeypatch.setattr(service.catalog, "load_served", never)  # the old code went on to serve
+    monkeypatch.setattr(service.system.catalog, "load_served", never)  # the old code went on to serve
     monkeypatch.setenv("SEQREC_API_KEY", key)
     assert main(["serve", "--artifacts", str(bundle)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -150,7 +150,7 @@ def test_a_key_that_is_not_printable_ascii_is_refused(bundle: Path, key: str, ca
 
 
 def test_every_printable_ascii_key_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.settings import Settings
+    from service.http.settings import Settings
 
     key = "".join(map(chr, range(0x21, 0x7F)))
     monkeypatch.setenv("SEQREC_API_KEY", key)
@@ -160,7 +160,7 @@ def test_every_printable_ascii_key_is_taken(monkeypatch: pytest.MonkeyPatch) -> 
 def test_an_empty_variable_is_an_unset_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose passes unset variables empty: SEQREC_HOST= listened on every interface (asyncio reads '' so),
     SEQREC_ARTIFACTS= served '.'."""
-    from service.settings import Settings
+    from service.http.settings import Settings
 
     for name in ("SEQREC_HOST", "SEQREC_ARTIFACTS", "SEQREC_API_KEY", "SEQREC_REDIS_URL", "SEQREC_WORKERS"):
         monkeypatch.setenv(name, "")
@@ -179,7 +179,7 @@ def test_an_env_file_that_is_not_utf8_is_one_line(bundle: Path, tmp_path: Path, 
 
 def test_the_log_level_is_checked_and_takes_any_case(bundle: Path, capsys: pytest.CaptureFixture,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.settings import Settings
+    from service.http.settings import Settings
 
     monkeypatch.setenv("SEQREC_LOG_LEVEL", "loud")  # it was an internal error (KeyError) inside uvicorn
     assert main(["serve", "--artifacts", str(bundle)]) == 1
@@ -217,12 +217,12 @@ def test_a_redis_that_refuses_the_configuration_is_one_line_before_the_bundle_lo
     `seqrec serve` stops on them at once. A Redis that is only down is a warning, and the service starts."""
     import redis
 
-    import service.catalog
+    import service.system.catalog
 
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("the bundle was loaded before Redis was checked")
 
-    monkeypatch.setattr(service.catalog, "load_served", never)
+    monkeypatch.setattr(service.system.catalog, "load_served", never)
     port = redis_server.port
     admin = redis.Redis(port=port)
     try:
@@ -247,7 +247,7 @@ def test_a_redis_that_refuses_the_configuration_is_one_line_before_the_bundle_lo
         def reached(*args: object, **kwargs: object) -> None:
             raise BundleError("the bundle's load is reached")
 
-        monkeypatch.setattr(service.catalog, "load_served", reached)
+        monkeypatch.setattr(service.system.catalog, "load_served", reached)
         for url in (f"redis://wide:pw@127.0.0.1:{port}/0", f"redis://127.0.0.1:{free_port()}/0"):
             assert main(["serve", "--artifacts", str(bundle), "--port", "0", "--redis-url", url]) == 1
             assert capsys.readouterr().err.strip().splitlines()[-1] == "seqrec: error: the bundle's load is reached"

@@ -17,8 +17,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from common.redis_url import redact_url
-from service.settings import Settings
-from service.store import Event, HistoryStore, MemoryStore, RedisStore, StoreUnavailable, make_store
+from service.http.settings import Settings
+from service.http.store import Event, HistoryStore, MemoryStore, RedisStore, StoreUnavailable, make_store
 from tests.service.support import SHARED_REDIS, RedisServer, free_port
 
 pytestmark = pytest.mark.anyio

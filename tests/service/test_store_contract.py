@@ -12,8 +12,8 @@ import random
 import pytest
 import redis.asyncio as aioredis
 
-from service.settings import DEFAULT_SEEN_CAP
-from service.store import Event, HistoryStore, MemoryStore, RedisStore
+from service.http.settings import DEFAULT_SEEN_CAP
+from service.http.store import Event, HistoryStore, MemoryStore, RedisStore
 from tests.service.conftest import StoreFactory
 from tests.service.support import SHARED_REDIS
 

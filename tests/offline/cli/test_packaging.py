@@ -37,7 +37,7 @@ def test_the_installed_wheel_finds_the_demo_configs(tmp_path: Path) -> None:
     configs = {f"offline/configs/{p.relative_to(ROOT / 'configs').as_posix()}"
                for p in (ROOT / "configs").rglob("*.yaml")}
     assert configs <= names, sorted(configs - names)
-    assert {"service/static/index.html", "service/static/app.js"} <= names
+    assert {"service/http/static/index.html", "service/http/static/app.js"} <= names
 
     # installed into a venv-like folder inside the user's own git repository
     user_repo = tmp_path / "user-repo"

@@ -205,7 +205,7 @@ def test_ids_longer_than_a_request_may_carry_are_refused(write, tmp_path, column
 
 
 def test_the_id_limit_is_the_services():
-    from service.schemas import RecommendRequest
+    from service.http.schemas import RecommendRequest
 
     schema = RecommendRequest.model_json_schema()
     history = schema["properties"]["history"]["anyOf"][0]["items"]["anyOf"][0]

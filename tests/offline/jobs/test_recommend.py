@@ -214,7 +214,7 @@ def test_lists_leave_out_what_the_served_catalogue_retired(tiny: tuple[Path, Pat
     and lists near it came out in another order than POST /recommend answers."""
     import shutil
 
-    from service.catalog import CatalogChanges, write_journal
+    from service.system.catalog import CatalogChanges, write_journal
 
     data, bundle = tiny
     before = _run(tiny, tmp_path / "before.parquet", "--all", "--k", "10")

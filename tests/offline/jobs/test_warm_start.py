@@ -148,7 +148,7 @@ def test_pipeline_takes_catalogue_changes_into_the_next_training_and_warm_starts
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import yaml
 
-    from service.catalog import JOURNAL, CatalogChanges, load_served, read_journal, write_journal
+    from service.system.catalog import JOURNAL, CatalogChanges, load_served, read_journal, write_journal
 
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
         "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10,
@@ -190,7 +190,7 @@ def test_added_items_stay_through_every_retraining_and_one_added_mid_run_is_kept
     import yaml
 
     import offline.jobs.pipeline as pipeline
-    from service.catalog import CatalogChanges, load_served, pending, read_journal, write_journal
+    from service.system.catalog import CatalogChanges, load_served, pending, read_journal, write_journal
 
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
         "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10},

@@ -1,10 +1,10 @@
 """``POST /admin/items`` (add items without retraining) and ``DELETE /admin/items/{item_id}`` (retire one).
 
 The change is made under the journal's lock (one at a time across worker processes), checked against the served
-bundle with the journal on disk applied, applied to a copy of it (`service.catalog`), written to the bundle's
+bundle with the journal on disk applied, applied to a copy of it (`service.system.catalog`), written to the bundle's
 journal and only then swapped in, so a failed write changes nothing, no worker's change overwrites another's,
 and a restart serves what every worker answered. The other workers serve the journal within one reload poll
-(`service.reloading.watch_current`)."""
+(`service.http.reloading.watch_current`)."""
 
 from __future__ import annotations
 
@@ -17,19 +17,8 @@ import pyarrow.parquet as pq
 from fastapi import APIRouter, HTTPException
 
 from retriever.artifact import CATALOGUE
-from service.bundle import Bundle, BundleError
-from service.catalog import (
-    CatalogChanges,
-    apply_changes,
-    catalogue_vocabulary,
-    feature_column,
-    journal_lock,
-    pending,
-    synced,
-    write_journal,
-)
-from service.deps import EngineDep
-from service.schemas import (
+from service.http.deps import EngineDep
+from service.http.schemas import (
     CONFLICT,
     INVALID,
     JOURNAL_DOWN,
@@ -40,6 +29,17 @@ from service.schemas import (
     CatalogueChangeResponse,
     PathId,
     RetireResponse,
+)
+from service.system.bundle import Bundle, BundleError
+from service.system.catalog import (
+    CatalogChanges,
+    apply_changes,
+    catalogue_vocabulary,
+    feature_column,
+    journal_lock,
+    pending,
+    synced,
+    write_journal,
 )
 
 log = logging.getLogger("seqrec.service")

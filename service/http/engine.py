@@ -1,13 +1,13 @@
 """The micro-batching engine: the served bundle, its inference threads, hot reload.
 
 Adaptive micro-batching: a runner takes every request queued (up to ``max_batch``) and answers them
-with one `service.recommend.recommend_batch` call in ``torch.inference_mode`` on an inference thread of
+with one `service.system.recommend.recommend_batch` call in ``torch.inference_mode`` on an inference thread of
 its own. An idle runner answers a lone request at once; requests that arrive while every runner is busy
 pile up and form the next batch, so batches grow with the load and never wait for it. With
 ``concurrency`` 2 (or more) a request that arrives while one batch runs starts at once on a second
 runner instead of waiting for it: ONNX Runtime, FAISS, the compiled trees and numpy's larger operations
 leave the GIL while they compute, so two batches share two cores. A request's answer does not depend on
-which batch it rode in (`service.recommend`), so neither does it depend on the runner. ``max_wait_ms`` (default
+which batch it rode in (`service.system.recommend`), so neither does it depend on the runner. ``max_wait_ms`` (default
 0) adds a fixed wait for more requests, for when larger batches pay more than the wait costs. Past
 ``max_queue`` waiting requests a new one is refused at once (`Overloaded`, a 503 with Retry-After): under
 overload a queue that only grows answers everybody too late.
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from service.bundle import Bundle, Inference
-from service.catalog import load_served
-from service.recommend import Query, Result, recommend_batch
+from service.system.bundle import Bundle, Inference
+from service.system.catalog import load_served
+from service.system.recommend import Query, Result, recommend_batch
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Engine:
         self.max_queue = max_queue
         self.shed = 0  # requests refused because the queue was full
         self.threads = threads
-        self.inference: Inference = inference  # how reloaded bundles run (service.bundle.load_bundle)
+        self.inference: Inference = inference  # how reloaded bundles run (service.system.bundle.load_bundle)
         self._queue: asyncio.Queue[_Pending] | None = None
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")

@@ -6,9 +6,18 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.deps import EngineDep, StoreDep
-from service.schemas import FOREIGN, INVALID, STORE_DOWN, TOO_LARGE, UNREADABLE, EventBatch, EventIn, EventsResponse
-from service.store import Event
+from service.http.deps import EngineDep, StoreDep
+from service.http.schemas import (
+    FOREIGN,
+    INVALID,
+    STORE_DOWN,
+    TOO_LARGE,
+    UNREADABLE,
+    EventBatch,
+    EventIn,
+    EventsResponse,
+)
+from service.http.store import Event
 
 keyed = APIRouter()
 

@@ -10,11 +10,9 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 
-from service.answer import answer
-from service.deps import BEARER, StateDep, check_key
-from service.filters import FilterError
-from service.recommend import NeedsCausalModel
-from service.schemas import (
+from service.http.answer import answer
+from service.http.deps import BEARER, StateDep, check_key
+from service.http.schemas import (
     BY_USER,
     FOREIGN,
     INVALID,
@@ -24,6 +22,8 @@ from service.schemas import (
     RecommendRequest,
     RecommendResponse,
 )
+from service.system.filters import FilterError
+from service.system.recommend import NeedsCausalModel
 
 RESPONSES = {**UNREADABLE, **INVALID, **TOO_LARGE, **FOREIGN,
              503: {**STORE_DOWN[503], "description": "user_id-only request while the history store is unreachable, "
@@ -33,7 +33,7 @@ RESPONSES = {**UNREADABLE, **INVALID, **TOO_LARGE, **FOREIGN,
 KEY_OR_NONE: dict[str, Any] = {"security": [{BEARER.scheme_name: []}, {}]}
 
 router = APIRouter()
-# The same route as a service with SEQREC_API_KEY documents it (`service.app` includes this router then).
+# The same route as a service with SEQREC_API_KEY documents it (`service.http.app` includes this router then).
 guarded = APIRouter()
 
 

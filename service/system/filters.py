@@ -15,10 +15,10 @@ A request (or a `seqrec recommend` run) narrows the catalogue three ways, all AN
 An item without a value in a column matches no condition on it, and so does every item of a catalogue
 without that column (a Beauty bundle has no `year`: a year filter leaves nothing). A column other than
 genres, attributes, year and title, an unknown operator or an operand of the wrong type is a 422
-(`service.schemas.Filters` refuses it; `FilterError` here, for callers that skip the schema). Item ids
+(`service.http.schemas.Filters` refuses it; `FilterError` here, for callers that skip the schema). Item ids
 unknown to the catalogue in include/exclude are ignored and reported in the response's ``unknown_items``.
 
-`CatalogueFilters` holds per-column lookups built once when a bundle loads (`service.bundle`):
+`CatalogueFilters` holds per-column lookups built once when a bundle loads (`service.system.bundle`):
 value -> rows for list and text columns, a float array for numbers, so a request's mask costs a few
 vectorised operations. The mask is over index rows (row r = internal id r + 1) and goes to the
 retrieval stage (`retriever.index.filtered`), so candidates are drawn from eligible items only.

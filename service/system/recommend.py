@@ -1,8 +1,8 @@
 """The two-stage recommendation, callable without HTTP: histories -> user vectors -> FAISS top-N ->
 the ranker's features -> ranker scores -> top k.
 
-`recommend_batch` answers several queries in one forward pass; the engine (`service.engine`) feeds it
-micro-batches, `service.bundle` runs it once as the smoke query of every bundle it loads, and the parity
+`recommend_batch` answers several queries in one forward pass; the engine (`service.http.engine`) feeds it
+micro-batches, `service.system.bundle` runs it once as the smoke query of every bundle it loads, and the parity
 tests call it directly. The features come from the same code as the offline evaluation
 (`ranker.features.compute_features`), so serving and training cannot drift.
 """
@@ -26,11 +26,11 @@ from retriever.artifact import RetrieverArtifact
 from retriever.index import search
 from retriever.index.filtered import search_allowed
 from retriever.windows import padded_slices
-from service.cache import UserVectors
+from service.system.cache import UserVectors
 
 
 class Servable(Protocol):
-    """What the two stages read from a bundle; `service.bundle.Bundle` is one. A protocol rather than that
+    """What the two stages read from a bundle; `service.system.bundle.Bundle` is one. A protocol rather than that
     class, because loading a bundle runs a smoke query through this module."""
 
     @property
@@ -53,7 +53,7 @@ class Servable(Protocol):
     def n_items(self) -> int: ...
     def encode(self, history: torch.Tensor) -> torch.Tensor: ...  # (B, T) -> (B, D) float32, not normalised
     @property
-    def retired(self) -> frozenset[int]: ...  # internal ids never to return (service/catalog.py)
+    def retired(self) -> frozenset[int]: ...  # internal ids never to return (service/system/catalog.py)
 
 
 B = TypeVar("B", bound=Servable)
@@ -71,7 +71,7 @@ class Query:
     # (n_items,) bool over index rows (internal id - 1): the only items to return (business filters), None = all;
     # queries sharing one array object are searched together
     allowed: np.ndarray | None = field(default=None, compare=False)
-    user: str | None = None  # the stored user whose history this is: its vector is cached (`service.cache`)
+    user: str | None = None  # the stored user whose history this is: its vector is cached (`service.system.cache`)
     at: float | None = None  # the time (unix seconds) a ranker with request-time features scores for; None: now
     last_event: float | None = None  # the time of the user's newest interaction, when known (user_idle_days)
 

@@ -36,9 +36,9 @@ from retriever.artifact import (
     retrieval_rows,
 )
 from retriever.compiled import ExportRefused, load_encoder
-from service.cache import UserVectors
-from service.filters import CatalogueFilters
-from service.recommend import Query, recommend_batch
+from service.system.cache import UserVectors
+from service.system.filters import CatalogueFilters
+from service.system.recommend import Query, recommend_batch
 
 CURRENT = "current"
 Inference = Literal["auto", "onnx", "eager"]
@@ -65,7 +65,7 @@ class Bundle:
     # The compiled encoder (retriever.compiled) when it serves, else None: the model runs eagerly.
     compiled_encoder: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False, compare=False)
     inference: dict[str, str] = field(default_factory=dict, compare=False)  # stage -> "onnx" | "eager"
-    # Catalogue changes (service/catalog.py): internal ids never to recommend, the journal applied, and the
+    # Catalogue changes (service/system/catalog.py): internal ids never to recommend, the journal applied, and the
     # bundle as loaded from disk that they were applied to (None when this is it).
     retired: frozenset[int] = frozenset()
     changes: Any = None
@@ -87,7 +87,7 @@ class Bundle:
         order = self.popular.tolist()
         rows = [(i, self.external(i), str(self.metadata[i - 1].get("title", "")).casefold()) for i in order]
         # Ranks over every item, retired ones included (a retired item had rank 0; retiring one shifts no other's):
-        # the base bundle's order, then the added items, as `service.catalog.apply_changes` orders them.
+        # the base bundle's order, then the added items, as `service.system.catalog.apply_changes` orders them.
         ranked = self.popular if self.base is None else np.concatenate(
             [self.base.popular, np.arange(self.base.n_items + 1, self.n_items + 1)])
         rank = np.zeros(self.n_items + 1, dtype=np.int64)

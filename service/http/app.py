@@ -1,14 +1,14 @@
 """The HTTP service: ``POST /recommend`` and friends (OpenAPI at ``/docs``).
 
-    python -m uvicorn service.app:create_app --factory --port 8000   (or `seqrec serve`)
+    python -m uvicorn service.http.app:create_app --factory --port 8000   (or `seqrec serve`)
 
-Settings come from ``SEQREC_*`` environment variables (`service.settings.Settings`). Client
+Settings come from ``SEQREC_*`` environment variables (`service.http.settings.Settings`). Client
 mistakes get a 4xx with a message naming the field; an unreachable Redis gets a 503 only where
 the stored history is needed (`user_id`-only requests, events, history reads and deletes). ``GET /`` serves
-a page to try the service in a browser (``service/static``, plain HTML and JS).
+a page to try the service in a browser (``service/http/static``, plain HTML and JS).
 
 This module wires the app: settings, the lifespan that loads the bundle, the metrics middleware, the
-error handlers and the routers of `service.routes`.
+error handlers and the routers of `service.http.routes`.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common import seqrec_version
-from service.bundle import Bundle, resolve_bundle
-from service.catalog import load_served
-from service.deps import State, require_key, utf8_path, utf8_query
-from service.engine import Engine, Overloaded, set_threads
-from service.metrics import Metrics
-from service.reloading import watch_current
-from service.routes import admin, catalog, events, health, history, items, recommend, web
-from service.schemas import UNAUTHORIZED
-from service.settings import Settings
-from service.store import ForeignHistory, StoreUnavailable, make_store
+from service.http.deps import State, require_key, utf8_path, utf8_query
+from service.http.engine import Engine, Overloaded, set_threads
+from service.http.metrics import Metrics
+from service.http.reloading import watch_current
+from service.http.routes import admin, catalog, events, health, history, items, recommend, web
+from service.http.schemas import UNAUTHORIZED
+from service.http.settings import Settings
+from service.http.store import ForeignHistory, StoreUnavailable, make_store
+from service.system.bundle import Bundle, resolve_bundle
+from service.system.catalog import load_served
 
 log = logging.getLogger("seqrec.service")
 # In the order the routes are matched and documented; `KEYED` need the API key when the service has one (the
@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
 
 
 def _takes_ids(router: APIRouter) -> bool:
-    """Whether a route of ``router`` has an id in its path (a ``{name:id}`` segment, `service.schemas`)."""
+    """Whether a route of ``router`` has an id in its path (a ``{name:id}`` segment, `service.http.schemas`)."""
     return any(":id}" in getattr(route, "path", "") for route in router.routes)
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.deps import StoreDep
-from service.schemas import FOREIGN, INVALID, STORE_DOWN, DeleteResponse, HistoryResponse, PathId
+from service.http.deps import StoreDep
+from service.http.schemas import FOREIGN, INVALID, STORE_DOWN, DeleteResponse, HistoryResponse, PathId
 
 keyed = APIRouter()
 

@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 from ranker.artifact import FOLDER as RANKER_FOLDER
-from service.bundle import Bundle, BundleError, resolve_bundle
-from service.catalog import JOURNAL, synced
-from service.deps import State
+from service.http.deps import State
+from service.system.bundle import Bundle, BundleError, resolve_bundle
+from service.system.catalog import JOURNAL, synced
 
 log = logging.getLogger("seqrec.service")
 

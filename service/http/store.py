@@ -19,7 +19,7 @@ Two stores share one protocol and one behaviour (one contract test runs both):
   ``{"i": item_id, "t": timestamp}``, ``"t"`` left out when there is none), a sorted set ``{prefix}seen:{user_id}``
   (score = the order of recording) and a list ``{prefix}cut:{user_id}`` (the events last cut from the window at
   its newest cut timestamp, so a replayed old event is still known as a duplicate). An append is one Lua script
-  (`service.store_lua`): atomic, one round trip. Lists written before the seen set existed read as they are
+  (`service.http.store_lua`): atomic, one round trip. Lists written before the seen set existed read as they are
   (their items count as seen); the seen set starts with the first event appended after the upgrade (no
   migration step). ``GET /readyz`` sets ``{prefix}probe`` (expires in 10 s) to learn whether Redis takes writes.
 - ``MemoryStore``: the in-process default when no Redis URL is configured (one process, lost on restart).
@@ -48,9 +48,9 @@ from redis.backoff import NoBackoff
 
 from common.errors import SeqrecError, first_line
 from common.redis_url import redact_url
-from service.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
-from service.settings import DEFAULT_SEEN_CAP, Settings
-from service.store_lua import APPEND
+from service.http.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
+from service.http.settings import DEFAULT_SEEN_CAP, Settings
+from service.http.store_lua import APPEND
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ class RedisStore:
         return f"{self.prefix}history:{user_id}"
 
     def _keys(self, user_id: str) -> list[str]:
-        """The window, the seen set, the cut ties: the order `service.store_lua.APPEND` takes them in."""
+        """The window, the seen set, the cut ties: the order `service.http.store_lua.APPEND` takes them in."""
         return [self._key(user_id), f"{self.prefix}seen:{user_id}", f"{self.prefix}cut:{user_id}"]
 
     def _script_args(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> list[str | int]:

@@ -1,4 +1,4 @@
-"""``GET /``: a page to try the service in a browser (``service/static``, plain HTML and JS, mounted at
+"""``GET /``: a page to try the service in a browser (``service/http/static``, plain HTML and JS, mounted at
 ``/static`` by the app)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
-STATIC = Path(__file__).parent.parent / "static"  # service/static
+STATIC = Path(__file__).parent.parent / "static"  # service/http/static
 
 router = APIRouter()
 

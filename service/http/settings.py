@@ -3,7 +3,7 @@
     SEQREC_ARTIFACTS=artifacts        folder whose ``current`` names the bundle to serve
                                       (or a bundle folder itself)
     SEQREC_REDIS_URL=redis://redis:6379/0   history store; unset = the in-process store
-    SEQREC_SEEN_CAP=10000             items remembered per user for ``exclude_seen`` (see ``service.store``)
+    SEQREC_SEEN_CAP=10000             items remembered per user for ``exclude_seen`` (see ``service.http.store``)
     SEQREC_API_KEY=...                required as ``Authorization: Bearer`` on writes, /admin,
                                       GET /users/{id}/history and POST /recommend with a user_id
                                       (printable ASCII: ! to ~)

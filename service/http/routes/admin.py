@@ -6,10 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 
-from service.bundle import BundleError
-from service.deps import StateDep
-from service.reloading import reload_current
-from service.schemas import REFUSED, TOO_LARGE, ReloadResponse
+from service.http.deps import StateDep
+from service.http.reloading import reload_current
+from service.http.schemas import REFUSED, TOO_LARGE, ReloadResponse
+from service.system.bundle import BundleError
 
 keyed = APIRouter()
 

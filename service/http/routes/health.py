@@ -10,8 +10,8 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from common import seqrec_version
-from service.deps import EngineDep, MetricsDep, StoreDep
-from service.schemas import METRICS
+from service.http.deps import EngineDep, MetricsDep, StoreDep
+from service.http.schemas import METRICS
 
 router = APIRouter()
 

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from service.deps import EngineDep
-from service.schemas import INVALID, MAX_QUERY, UNKNOWN_ITEM, ItemResponse, PathId, SearchResponse
+from service.http.deps import EngineDep
+from service.http.schemas import INVALID, MAX_QUERY, UNKNOWN_ITEM, ItemResponse, PathId, SearchResponse
 
 SEARCH = "an item id, an id prefix or part of a title (case-insensitive); empty: the most popular items"
 

@@ -1,6 +1,6 @@
 """What a Redis error says of the server, and a Redis URL as it may be shown.
 
-The history store (`service.store`) turns every error below into ``StoreUnavailable`` (the API's 503 with
+The history store (`service.http.store`) turns every error below into ``StoreUnavailable`` (the API's 503 with
 Retry-After); `seqrec serve` probes Redis once before it starts (`refused_configuration`) and stops on a
 configuration Redis refuses; URLs are printed through `common.redis_url.redact_url`.
 """
@@ -35,7 +35,7 @@ REFUSES_WRITES: tuple[type[BaseException], ...] = (rex.ReadOnlyError, rex.OutOfM
 
 def foreign_user(error: BaseException, users: Sequence[str]) -> str:
     """``user 'x'`` for the user whose key a WRONGTYPE error is about: the append script names the user's place in
-    its batch (`service.store_lua`); a command on one user's keys is about that user. Else ``a user``."""
+    its batch (`service.http.store_lua`); a command on one user's keys is about that user. Else ``a user``."""
     found = re.search(r"WRONGTYPE user (\d+) ", str(error))
     if found and int(found.group(1)) < len(users):
         return f"user {users[int(found.group(1))]!r}"

@@ -13,10 +13,10 @@ from fastapi import Depends, HTTPException, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.engine import Engine
-from service.metrics import Metrics
-from service.settings import Settings
-from service.store import HistoryStore
+from service.http.engine import Engine
+from service.http.metrics import Metrics
+from service.http.settings import Settings
+from service.http.store import HistoryStore
 
 
 @dataclass(frozen=True)

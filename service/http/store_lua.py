@@ -1,7 +1,7 @@
 """The Redis side of ``RedisStore.append`` and ``append_many``: one Lua script, so an append (of one user's events
 or of a batch's) is atomic, all or nothing, and one round trip.
 
-It applies exactly the rule `service.store.MemoryStore` applies in Python (the contract test runs both):
+It applies exactly the rule `service.http.store.MemoryStore` applies in Python (the contract test runs both):
 each event in turn, an exact duplicate (same item, same timestamp as an event in the window, or as one of the
 events last cut from the window at its newest timestamp) is dropped; a timestamped event goes after the last
 event whose timestamp is not later than its own (a stable insert: equal timestamps keep arrival order) and never
