@@ -12,16 +12,13 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common.errors import SeqrecError, manifest_kind
-
-MANIFEST = "manifest.json"  # what a dataset, an artifact or a ranker folder describes itself in
-UNREADABLE = object()  # a manifest.json that is there but cannot be read or parsed
+from common.errors import SeqrecError
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
@@ -147,79 +144,6 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # old kernel, or a file system without exchange
         return False
     raise OSError(err, os.strerror(err), str(a), None, str(b))
-
-
-def check_replaceable(out: Path, ours: Callable[[Path], bool], what: str) -> None:
-    """Refuse a ``replace_dir`` target that is a file, or a folder holding files that ``ours`` does not
-    recognise as an earlier output of the same command (a dataset, a bundle: a typo must not delete them), or,
-    where its manifest.json lists the files it wrote (``sha256``), any other entry: a model trained into a
-    dataset's folder went without a word when `seqrec prepare --overwrite` replaced the folder."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise SeqrecError(f"{out}: a file, where {what} is to be written")
-    if any(out.iterdir()) and not ours(out):
-        raise SeqrecError(f"{out}: holds files that are not {what}, and the output replaces the folder as a "
-                          "whole; choose a new or empty folder")
-    foreign = _unlisted_entries(out)
-    if foreign:
-        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-        raise SeqrecError(f"{out}: holds {out / foreign[0]}{more}, which {what} does not write, and the output "
-                          "replaces the folder as a whole; move it out first, or choose a new folder")
-
-
-def _unlisted_entries(folder: Path) -> list[str]:
-    """The names in ``folder`` that neither are its manifest.json nor appear in the manifest's ``sha256`` (the
-    files it wrote); none when the manifest lists no files."""
-    manifest = _manifest(folder)
-    listed = manifest.get("sha256") if isinstance(manifest, dict) else None
-    if not isinstance(listed, dict):
-        return []
-    ours = {MANIFEST, *(Path(name).parts[0] for name in listed if Path(name).parts)}
-    return sorted(entry.name for entry in folder.iterdir() if entry.name not in ours)
-
-
-def _manifest(folder: Path) -> object:
-    """FOLDER/manifest.json parsed; None when there is none, UNREADABLE when it cannot be read or parsed."""
-    try:
-        return json.loads((folder / MANIFEST).read_text())
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except (OSError, ValueError):
-        return UNREADABLE
-
-
-def folder_kind(folder: Path) -> str | None:
-    """What FOLDER/manifest.json says the folder is (`manifest_kind`), "a manifest.json" for another one, None
-    without one: for refusing an output folder that already holds a dataset or a bundle."""
-    manifest = _manifest(folder)
-    if manifest is None:
-        return None
-    return manifest_kind(manifest) or "a manifest.json"
-
-
-def enclosing_seqrec_folder(path: Path, formats: Collection[str] | None = None) -> tuple[Path, str] | None:
-    """The nearest folder above ``path`` (links resolved) whose manifest.json is one of seqrec's, with what it is
-    (`manifest_kind`); only the formats in ``formats`` ("seqrec.prepared", ...) when given. None when none is."""
-    for folder in path.resolve().parents:
-        manifest = _manifest(folder)
-        kind = manifest_kind(manifest)
-        found = manifest.get("format") if isinstance(manifest, dict) else None
-        if kind is not None and (formats is None or str(found).split("/")[0] in formats):
-            return folder, kind
-    return None
-
-
-def refuse_seqrec_folder(out: Path, flag: str = "--out") -> None:
-    """An output folder that holds a dataset, an artifact or a ranker of seqrec's is a mistake: refuse it. So is
-    one inside a prepared dataset, which `seqrec prepare --overwrite` replaces as a whole."""
-    kind = folder_kind(out) if out.is_dir() else None
-    if kind is not None:
-        raise SeqrecError(f"{out} already holds {kind}; choose a new {flag}")
-    above = enclosing_seqrec_folder(out, ("seqrec.prepared",))
-    if above is not None:
-        raise SeqrecError(f"{out} is inside {above[0]}, {above[1]} (`seqrec prepare --overwrite` replaces that "
-                          f"folder as a whole); choose a {flag} outside it")
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """The one error root. Every problem a user can fix (bad input, a missing file, a wrong flag, an
 unusable artifact) raises a `SeqrecError`; the CLI prints it as one line and the service turns it into
-a 4xx. It lives in `retriever`, the package every other one may import."""
+a 4xx. It lives in `common`, the package every other one may import."""
 
 from __future__ import annotations
 
@@ -32,24 +32,3 @@ def validation_message(err: ValidationError, *, prefix: str = "", upper: bool = 
         where = ".".join(str(part) for part in error["loc"])
         problems.append(f"{prefix}{where.upper() if upper else where}: {error['msg']}")
     return "; ".join(problems)
-
-
-# The folders seqrec writes with a manifest.json, by the manifest's format (before the version), for messages about
-# a folder given where another kind is needed.
-FOLDER_KINDS = {"seqrec.prepared": "a prepared dataset written by `seqrec prepare`",
-                "seqrec.retriever": "a retriever artifact or bundle written by `seqrec train` or `seqrec pipeline`",
-                "seqrec.ranker": "a ranker, the ranker/ folder of a bundle"}
-
-
-def manifest_kind(manifest: object) -> str | None:
-    """What folder a parsed manifest.json describes (`FOLDER_KINDS`), None when it is no seqrec format."""
-    found = manifest.get("format") if isinstance(manifest, dict) else None
-    return FOLDER_KINDS.get(found.split("/")[0]) if isinstance(found, str) else None
-
-
-def wrong_manifest(expected: str, manifest: object) -> str:
-    """``not a EXPECTED manifest``, saying what the folder is when its manifest is another seqrec format."""
-    kind = manifest_kind(manifest)
-    if kind is None or not isinstance(manifest, dict):
-        return f"not a {expected} manifest"
-    return f"not a {expected} manifest (it is {manifest['format']}: {kind})"

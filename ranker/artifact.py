@@ -34,6 +34,7 @@ from torch import Tensor
 
 from common.atomic import atomic_write, replace_dir, sha256_file
 from common.errors import first_line, validation_message
+from common.folders import register_folder_kind
 from ranker.compiled import MLP_FILE, CompiledMLP, write_mlp
 from ranker.cooc import COOC_FILE, CoocTable
 from ranker.extras import EXTRA_FEATURES, Extras, needs_cooc, needs_time
@@ -45,6 +46,7 @@ from retriever.artifact import ArtifactError
 from retriever.manifest import RetrieverManifest
 
 FORMAT = "seqrec.ranker/1"
+register_folder_kind("seqrec.ranker", "a ranker, the ranker/ folder of a bundle")
 FOLDER = "ranker"
 MANIFEST = "manifest.json"
 log = logging.getLogger(__name__)

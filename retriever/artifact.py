@@ -37,7 +37,8 @@ from pydantic import ValidationError
 
 from common import seqrec_version
 from common.atomic import atomic_torch_save, atomic_write, replace_dir, sha256_file, write_jsonl
-from common.errors import RetrieverError, first_line, validation_message, wrong_manifest
+from common.errors import RetrieverError, first_line, validation_message
+from common.folders import wrong_manifest
 from retriever.compiled import ENCODER_FILE, OPSET, write_encoder
 from retriever.config import RunConfig, config_from_dict
 from retriever.index import IndexSpec, build_index, load_index, normalize, save_index

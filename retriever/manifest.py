@@ -15,9 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.folders import register_folder_kind
 from retriever.repeats import LEGACY_REPEATS, RepeatPolicy
 
 FORMAT = "seqrec.retriever/1"
+register_folder_kind("seqrec.retriever",
+                     "a retriever artifact or bundle written by `seqrec train` or `seqrec pipeline`")
 
 
 class RetrieverManifest(BaseModel):

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.atomic import check_replaceable, enclosing_seqrec_folder, replace_dir, staging_dir
+from common.atomic import replace_dir, staging_dir
 from common.errors import SeqrecError
+from common.folders import check_replaceable, enclosing_seqrec_folder
 from offline.data.prepared import PreparedDataset
 from offline.evaluation.breakdown import breakdown, model_ranks, training_counts
 from retriever.artifact import RetrieverArtifact, load_artifact

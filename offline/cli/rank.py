@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from common.atomic import refuse_seqrec_folder
 from common.errors import SeqrecError, validation_message
+from common.folders import refuse_seqrec_folder
 from offline.cli.common import SEED, Subparsers, parse_names, print_json, set_threads
 from ranker.config import MINING, TRAINABLE_KINDS, RankerConfig, check_mlp_training, mlp_default, ranker_default
 

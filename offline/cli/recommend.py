@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.atomic import enclosing_seqrec_folder
 from common.errors import SeqrecError
+from common.folders import enclosing_seqrec_folder
 from offline.cli.common import Subparsers, file_path, print_json, set_threads
 
 if TYPE_CHECKING:

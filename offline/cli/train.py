@@ -7,8 +7,9 @@ import logging
 from contextlib import nullcontext
 from pathlib import Path
 
-from common.atomic import exclusive, refuse_seqrec_folder
+from common.atomic import exclusive
 from common.errors import SeqrecError
+from common.folders import refuse_seqrec_folder
 from offline.cli.common import SEED, Subparsers, at_least, parse_ks, print_json
 from retriever.repeats import REPEATS
 

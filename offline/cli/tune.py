@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.atomic import refuse_seqrec_folder
+from common.folders import refuse_seqrec_folder
 from offline.cli.common import SEED, Subparsers, at_least, print_json
 
 

@@ -21,8 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.atomic import check_replaceable, replace_dir, staging_dir
+from common.atomic import replace_dir, staging_dir
 from common.errors import SeqrecError
+from common.folders import check_replaceable
 from offline.data.prepared import FORMAT, ITEMS, MANIFEST, SEQUENCES, USERS, read_manifest, sha256_file
 from offline.data.readers.base import RawDataset, natural_key
 from offline.data.sequences import Sequences

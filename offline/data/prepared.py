@@ -21,12 +21,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.errors import wrong_manifest
+from common.folders import register_folder_kind, wrong_manifest
 from offline.data.errors import DataError
 from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut, leave_one_out, repeat_shares
 
 FORMAT = "seqrec.prepared/1"
+register_folder_kind("seqrec.prepared", "a prepared dataset written by `seqrec prepare`",
+                     replaced_by="`seqrec prepare --overwrite`")
 MANIFEST = "manifest.json"
 SEQUENCES = "sequences.parquet"
 ITEMS = "items.parquet"

@@ -27,8 +27,9 @@ from typing import Any
 from pydantic import BaseModel
 from tqdm import tqdm
 
-from common.atomic import refuse_seqrec_folder, sync, sync_tree, write_json
+from common.atomic import sync, sync_tree, write_json
 from common.errors import SeqrecError
+from common.folders import refuse_seqrec_folder
 from offline.jobs.pipeline_config import PipelineConfig, load_pipeline_config, override_strings
 from offline.jobs.pipeline_runs import Run, StageRecord, drop_stale_runs, new_run, resume_run
 from offline.jobs.versions import CURRENT, VERSIONS, pipeline_lock, prune_versions, switch_current
