@@ -1,4 +1,4 @@
-"""`python -m offline.bench.batch`: users per second of `seqrec recommend` (`offline.jobs.recommend`).
+"""`python -m offline.bench.compute.batch`: users per second of `seqrec recommend` (`offline.jobs.recommend`).
 
 For one bundle and one prepared folder, each stage (two-stage when the bundle has a ranker, and the
 retriever alone) is run twice side by side in one process:
@@ -81,7 +81,7 @@ def write(out: Path, rows: list[dict[str, Any]]) -> None:
                                    f"{r['reference_users_per_cpu_s']:,.0f}", f"{r['speedup_cpu']:.1f}x",
                                    r["seconds"], r["peak_rss_mb"],
                                    f"{r['load_before']} / {r['load_after']}"] for r in kept])
-    text = ("# seqrec recommend: users per second\n\nWritten by `python -m offline.bench.batch` (commands in "
+    text = ("# seqrec recommend: users per second\n\nWritten by `python -m offline.bench.compute.batch` (commands in "
             "`docs/results/batch/COMMANDS.md`); one thread (`--threads 1`, OMP_NUM_THREADS=1) on a 2-core machine "
             "shared with other engineers' jobs: the load average before and after each run says how busy it was. "
             "Users per CPU second (the process's CPU time) is what one free core would do; users/s (wall) is what "
@@ -91,7 +91,7 @@ def write(out: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m offline.bench.batch", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m offline.bench.compute.batch", description=__doc__.split("\n\n")[0])
     p.add_argument("--bundle", type=Path, required=True)
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--label", required=True, help="the row's name in the table (the dataset)")

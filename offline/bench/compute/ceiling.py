@@ -1,13 +1,13 @@
 """What the model's arithmetic alone allows on this machine, set against the no-op app's rate (issue 27).
 
-    python -m offline.bench.ceiling --artifact BUNDLE [--artifact ...] --out docs/results/serve/ceiling
+    python -m offline.bench.compute.ceiling --artifact BUNDLE [--artifact ...] --out docs/results/serve/ceiling
         [--serve docs/results/serve/ceiling/serve.json]
 
 For the `seqrec bench serve` request bodies (``--min-len``..``--max-len`` random catalogue items, cut to the
 model's window, k=10, ``--candidates``), in this process on one thread:
 
 - the encoder's FLOP per request, counted on the eager encoder as `seqrec bench` counts a model's
-  (`offline.bench.measure.forward_flops`: matrix products and attention; norms, activations and lookups are
+  (`offline.bench.lib.measure.forward_flops`: matrix products and attention; norms, activations and lookups are
   not counted, so a lower bound of its arithmetic);
 - the CPU time per request of the served encoder (compiled where the bundle's is) and of the whole model path
   (`service.system.recommend.recommend_batch`: encoder, FAISS, features, ranker), at batch 1 and batch 32, and the
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from common.errors import SeqrecError
-from offline.bench.measure import forward_flops, median_cpu_ms
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.measure import forward_flops, median_cpu_ms
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
 from offline.tables import markdown_table
 from retriever.compiled import ServedEncoder
 from retriever.model import Retriever
@@ -50,7 +50,7 @@ GEMM_ROWS = 8192  # positions of the feed-forward product timed for the core's p
 
 
 def encoder_flop(model: Retriever, lengths: list[int], n_items: int) -> dict[int, float]:
-    """FLOP of one history of each length through the eager served encoder (`offline.bench.measure.forward_flops`:
+    """FLOP of one history of each length through the eager served encoder (`offline.bench.lib.measure.forward_flops`:
     matrix products and attention; norms, activations and lookups are not counted)."""
     encoder = ServedEncoder(model).eval()
     return {length: forward_flops(encoder, length, n_items) for length in sorted(set(lengths))}
@@ -132,7 +132,8 @@ def to_markdown(reports: list[dict[str, Any]], serve: str | None = None) -> str:
              f"k=10, {first['candidates']} candidates; in one process on one thread, medians of {first['rounds']} "
              "rounds. Model path = `service.system.recommend.recommend_batch` (encoder, FAISS, features, ranker), "
              "no HTTP. "
-             "The encoder's FLOP count is its matrix products and attention (`offline.bench.measure.forward_flops` on "
+             "The encoder's FLOP count is its matrix products and attention "
+             "(`offline.bench.lib.measure.forward_flops` on "
              "the eager encoder), a lower bound; the core's peak is the fastest of 200 float32 products of a "
              "transformer feed-forward's shape.", "",
              markdown_table(head, body)]

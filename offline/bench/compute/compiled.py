@@ -1,6 +1,6 @@
 """Eager against compiled (ONNX Runtime) user encoding, side by side in one run.
 
-    python -m offline.bench.compiled --case ml-100k configs/ml-100k/transformer.yaml data/ml-100k \\
+    python -m offline.bench.compute.compiled --case ml-100k configs/ml-100k/transformer.yaml data/ml-100k \\
         --case beauty configs/beauty/transformer.yaml data/beauty --out docs/results/compiled --threads 1
 
 Each case builds its config's model for the prepared dataset's catalogue (its item features included) with
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
     cases = [run_case(name, Path(config), Path(data), args) for name, config, data in args.case]
     record = {
-        "command": "python -m offline.bench.compiled " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m offline.bench.compute.compiled " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "threads": args.threads, "reps": args.reps,
         "warmup": args.warmup, "torch": torch.__version__, "onnxruntime": _ort_version(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",

@@ -1,7 +1,7 @@
 """The compiled encoder and the ranker's history cosines on a micro-batch of mixed history lengths: one
 padded call against length groups.
 
-    python -m offline.bench.encoder_lengths --artifact BUNDLE --out docs/results/serve/length-groups
+    python -m offline.bench.compute.encoder_lengths --artifact BUNDLE --out docs/results/serve/length-groups
 
 For batches of 1 to 32 histories of ``--min-len``..``--max-len`` random catalogue items (cut to the model's
 window), the CPU time per history of the bundle's ONNX encoder run as one call padded to the longest history
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from common.errors import SeqrecError
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
 from offline.tables import markdown_table
 from ranker.features import DENSE_FEATURES, _similarity_block, _similarity_features
 from retriever.compiled import OnnxEncoder

@@ -24,8 +24,8 @@ import torch
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError
-from offline.bench.measure import count_parameters, timed
-from offline.bench.models import ModelSpec, parse_ints, resolve_models, shorthand_overrides
+from offline.bench.lib.measure import count_parameters, timed
+from offline.bench.quality.models import ModelSpec, parse_ints, resolve_models, shorthand_overrides
 from offline.tables import markdown_table
 from retriever.config import load_config
 from retriever.train import resolve_device

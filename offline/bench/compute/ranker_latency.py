@@ -1,6 +1,6 @@
 """Time the serving path of one request: encode, retrieve N candidates, features, ranker scores.
 
-    python -m offline.bench.ranker_latency --artifact artifacts/ml-100k --data data/ml-100k --candidates 200
+    python -m offline.bench.compute.ranker_latency --artifact artifacts/ml-100k --data data/ml-100k --candidates 200
 
 Requests are real test-split histories (the last max_len items), one at a time, on one CPU
 thread by default. Prints the median and p99 of each stage in milliseconds.

@@ -1,6 +1,6 @@
 """Where one request's model time goes, in this process (no HTTP): `seqrec bench serve` measures the whole.
 
-    python -m offline.bench.serve_stages --artifact BUNDLE --out docs/results/serve [--requests 300]
+    python -m offline.bench.compute.serve_stages --artifact BUNDLE --out docs/results/serve [--requests 300]
 
 For single requests (batch 1, the low-load case) over random catalogue histories: the medians of each
 stage of `service.system.recommend.recommend_batch` (wall time, from ``timing_ms``, and the whole call's CPU time)
@@ -25,8 +25,8 @@ import torch
 from pydantic import TypeAdapter
 from tqdm import tqdm
 
-from offline.bench.measure import median_cpu_ms
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.measure import median_cpu_ms
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
 from offline.cli.common import SEED
 from offline.tables import markdown_table
 from ranker.features import compute_features

@@ -1,6 +1,6 @@
 """Thread count and OpenMP wait policy on a shared machine: what training and serving should default to.
 
-    python -m offline.bench.threads --out docs/results/serve [--seconds 10]
+    python -m offline.bench.compute.threads --out docs/results/serve [--seconds 10]
 
 Each variant runs in a fresh process (the OpenMP runtime reads its environment once, at start): a fixed
 training-like workload (forward + backward of a small transformer layer stack on (64, 50) windows) and a

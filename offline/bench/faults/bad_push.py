@@ -1,6 +1,6 @@
 """Publish broken bundles under steady load: each is refused with its reason, the old model keeps serving.
 
-    python -m offline.bench.bad_push --artifacts /tmp/rel-artifacts --rate 50 \
+    python -m offline.bench.faults.bad_push --artifacts /tmp/rel-artifacts --rate 50 \
         [--out docs/results/reliability/bad-push.json]
 
 Takes the two newest versions of ARTIFACTS (a pipeline's output; `seqrec pipeline --config CONFIG`
@@ -10,7 +10,7 @@ one after the other, a truncated bundle (retriever.pt cut in half), a checksum-m
 byte of items.faiss flipped), a shape-mismatched one (d_model doubled in config.json, checksum
 rewritten) and an incomplete one (items.faiss missing): each time `current` is switched to it,
 POST /admin/reload must answer 409 with the reason, and `current` is switched back. Then v2 is
-published the same way and must answer 200. Prints a JSON report (`offline.bench.bad_push.bad_push`;
+published the same way and must answer 200. Prints a JSON report (`offline.bench.faults.bad_push.bad_push`;
 also written to --out) and exits 1 when a target is missed: every broken bundle refused with its
 reason, every request answered 2xx, by v1 until the good push and by v2 after it, no traceback in
 the server's log.
@@ -32,9 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import SeqrecError
-from offline.bench.load import Answer, LoadRun, Marks, get_json, open_loop, summary
-from offline.bench.payloads import load_catalogue
-from offline.bench.reliability import (
+from offline.bench.faults.reliability import (
     Started,
     check_log,
     ensure_versions,
@@ -44,6 +42,8 @@ from offline.bench.reliability import (
     service_env,
     warmed_service,
 )
+from offline.bench.lib.load import Answer, LoadRun, Marks, get_json, open_loop, summary
+from offline.bench.lib.payloads import load_catalogue
 
 if TYPE_CHECKING:
     import aiohttp
@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             report = bad_push(server.url, root, v1, broken, v2, catalogue.tolist(), rate=args.rate,
                               lead_s=args.lead, gap_s=args.gap, tail_s=args.tail, seed=args.seed)
             check_log(report, server)
-    return print_report(report, "offline.bench.bad_push", argv, args.out, **started.head(), v1=str(v1), v2=str(v2))
+    return print_report(report, "offline.bench.faults.bad_push", argv, args.out, **started.head(),
+                        v1=str(v1), v2=str(v2))
 
 
 if __name__ == "__main__":

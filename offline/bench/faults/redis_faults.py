@@ -1,7 +1,7 @@
 """Kill Redis under steady mixed load and restart it: nothing acknowledged may be lost.
 
-    python -m offline.bench.redis_faults --artifacts /tmp/rel-artifacts --rate 60 --before 20 --down 10 --after 20 \
-        [--out docs/results/reliability/redis-faults.json]
+    python -m offline.bench.faults.redis_faults --artifacts /tmp/rel-artifacts --rate 60 \
+        --before 20 --down 10 --after 20 [--out docs/results/reliability/redis-faults.json]
 
 Serves ARTIFACTS/current (trained first with `seqrec pipeline --config CONFIG` when there is none)
 with SEQREC_REDIS_URL pointing at a redis-server of this script's own on a free port (no RDB
@@ -9,7 +9,7 @@ snapshots; an append-only file in a temporary folder, fsynced on every write). O
 Poisson load mixing requests that carry their history, user_id-only requests and POST /events (a
 unique item per event), kills Redis with SIGKILL --before seconds in, keeps it down --down seconds,
 restarts it on the same port and keeps the load on --after seconds more. Prints a JSON report
-(`offline.bench.redis_faults.redis_faults`; also written to --out) and exits 1 when a target is
+(`offline.bench.faults.redis_faults.redis_faults`; also written to --out) and exits 1 when a target is
 missed: history-carrying requests never fail; user_id-only requests and events get 503 during the
 outage and 2xx before and after it; every event acknowledged with 2xx is in Redis afterwards; no
 traceback in the server's log.
@@ -33,10 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.errors import SeqrecError
-from offline.bench.load import Answer, Call, LoadRun, Marks, get_json, open_loop, post_json, summary
-from offline.bench.payloads import load_catalogue
-from offline.bench.processes import RedisProcess, free_port
-from offline.bench.reliability import (
+from offline.bench.faults.reliability import (
     Started,
     check_log,
     current_bundle,
@@ -46,6 +43,9 @@ from offline.bench.reliability import (
     service_env,
     warmed_service,
 )
+from offline.bench.lib.load import Answer, Call, LoadRun, Marks, get_json, open_loop, post_json, summary
+from offline.bench.lib.payloads import load_catalogue
+from offline.bench.lib.processes import RedisProcess, free_port
 
 if TYPE_CHECKING:
     import aiohttp
@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                                   down_s=args.down, after_s=args.after, seed=args.seed,
                                   shares=(shares[0], shares[1], shares[2]))
             check_log(report, server)
-    return print_report(report, "offline.bench.redis_faults", argv, args.out, **started.head(), bundle=str(bundle))
+    return print_report(report, "offline.bench.faults.redis_faults", argv, args.out, **started.head(),
+                        bundle=str(bundle))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """What the reliability scenarios share: their requests, the bundles they serve, and the script plumbing.
 
-`offline.bench.redis_faults`, `offline.bench.bad_push` and `offline.bench.soak` each hold one
+`offline.bench.faults.redis_faults`, `offline.bench.faults.bad_push` and `offline.bench.faults.soak` each hold one
 scenario (a function `tests/service/test_faults.py` runs in small) and the script that runs it at
 full length: train what is missing with `seqrec pipeline`, serve it, warm it up, run the scenario,
 check the server's log for tracebacks, print a JSON report and exit 1 when a target was missed.
 With --out FILE the report is also written to FILE (atomically), as the files under
-docs/results/reliability/ are; `offline.bench.training_faults` and `offline.bench.retrain_reload`
+docs/results/reliability/ are; `offline.bench.faults.training_faults` and `offline.bench.faults.retrain_reload`
 report the same way.
 """
 
@@ -29,9 +29,9 @@ import numpy as np
 
 from common.atomic import write_json
 from common.errors import SeqrecError
-from offline.bench.load import Call, run_load
-from offline.bench.payloads import short_payloads
-from offline.bench.processes import SERVICE_APP, RunningServer, start_server_process
+from offline.bench.lib.load import Call, run_load
+from offline.bench.lib.payloads import short_payloads
+from offline.bench.lib.processes import SERVICE_APP, RunningServer, start_server_process
 from offline.cli.common import SEED
 from offline.jobs.versions import CURRENT, VERSIONS
 

@@ -1,10 +1,10 @@
 """Retrain and roll out under steady load: 0 failed requests is the target.
 
-    python -m offline.bench.retrain_reload --artifacts /tmp/rollout --config configs/pipeline/demo.yaml --rate 50 \
-        [--out docs/results/reliability/retrain-reload.json]
+    python -m offline.bench.faults.retrain_reload --artifacts /tmp/rollout --config configs/pipeline/demo.yaml \
+        --rate 50 [--out docs/results/reliability/retrain-reload.json]
 
 Publishes a first bundle with `seqrec pipeline` (unless ARTIFACTS/current exists), starts the
-service on ARTIFACTS, offers it a steady open-loop load (`offline.bench.load.run_load`, in windows
+service on ARTIFACTS, offers it a steady open-loop load (`offline.bench.lib.load.run_load`, in windows
 of WINDOW_S seconds) while `seqrec pipeline` trains and publishes a new version in a separate
 process, then calls `POST /admin/reload`, and keeps the load on for --tail seconds after. Prints
 the load figures (sent, ok, errors by kind, p50/p99 per window) and the model versions before and
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from offline.bench.reliability import Started, add_out_option, print_report
+from offline.bench.faults.reliability import Started, add_out_option, print_report
 from offline.jobs.versions import CURRENT
 
 WINDOW_S = 30.0
@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
 def retrain_reload(url: str, pipeline: list[str], rate: float, tail_s: float, payloads: list[dict[str, Any]]
                    ) -> dict[str, Any]:
     """Load on the service at ``url`` while ``pipeline`` runs and its version is reloaded, then ``tail_s`` more."""
-    from offline.bench.load import get_json, post_json, run_load
+    from offline.bench.lib.load import get_json, post_json, run_load
 
     before = get_json(url, "/readyz")["model_version"]
     events: dict[str, Any] = {}
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
 
-    from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-    from offline.bench.processes import SERVICE_APP, start_server
+    from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
+    from offline.bench.lib.processes import SERVICE_APP, start_server
 
     pipeline = [sys.executable, "-m", "offline.cli", "pipeline", "--config", str(args.config), "--out",
                 str(args.artifacts), "--threads", str(args.threads), "-q"]
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"SEQREC_ARTIFACTS": str(args.artifacts), "SEQREC_THREADS": "1", "SEQREC_LOG_LEVEL": "warning"}
     with start_server(SERVICE_APP, env) as url:
         report = retrain_reload(url, pipeline, args.rate, args.tail, payloads)
-    return print_report(report, "offline.bench.retrain_reload", argv, args.out, **started.head())
+    return print_report(report, "offline.bench.faults.retrain_reload", argv, args.out, **started.head())
 
 
 if __name__ == "__main__":

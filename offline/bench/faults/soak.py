@@ -1,20 +1,20 @@
 """Soak: minutes of steady load at half the maximum sustained rate; latency and memory must hold.
 
-    python -m offline.bench.soak --artifacts /tmp/rel-artifacts --minutes 10 --wait-idle 40 [--out FILE]
+    python -m offline.bench.faults.soak --artifacts /tmp/rel-artifacts --minutes 10 --wait-idle 40 [--out FILE]
 
 Serves ARTIFACTS/current (trained first with `seqrec pipeline --config CONFIG` when there is none).
 Without --rate, first finds the highest rate the service sustains with p99 <= --p99-ms and no error
-(`offline.bench.sweeps.max_sustained_rate`, --probe seconds per step up --probe-rates) and soaks at
+(`offline.bench.lib.sweeps.max_sustained_rate`, --probe seconds per step up --probe-rates) and soaks at
 half of it. Then offers history-carrying requests at that rate (open loop, Poisson) for --warmup
 seconds plus --minutes, and reports per window of --window seconds: p50, p99, errors and the uvicorn
-process's RSS (from /proc). Prints a JSON report (`offline.bench.soak.soak`) and exits 1 when a target is missed:
+process's RSS (from /proc). Prints a JSON report (`offline.bench.faults.soak.soak`) and exits 1 when a target is missed:
 every window's p99 within 20 % of the first window's, RSS at most 10 % above the first window's end,
 0 errors, no traceback in the server's log. A one-minute version is a slow test
 (`tests/service/test_faults.py`).
 
 Other processes skew the timings on a shared machine: --wait-idle MINUTES first waits (polling
-every 30 s) until no training, benchmark or test run is left (`offline.bench.soak.BUSY`), and the report lists what
-still ran.
+every 30 s) until no training, benchmark or test run is left (`offline.bench.faults.soak.BUSY`), and the report
+lists what still ran.
 """
 
 from __future__ import annotations
@@ -29,10 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from common.errors import SeqrecError
-from offline.bench.load import P99_TARGET_MS, LoadRun, Marks, open_loop, run_load, summary
-from offline.bench.payloads import load_catalogue, short_payloads
-from offline.bench.processes import SERVICE_APP, rss_bytes, start_server_process
-from offline.bench.reliability import (
+from offline.bench.faults.reliability import (
     check_log,
     current_bundle,
     history_calls,
@@ -40,7 +37,10 @@ from offline.bench.reliability import (
     scenario_parser,
     service_env,
 )
-from offline.bench.sweeps import geometric_rates, max_sustained_rate
+from offline.bench.lib.load import P99_TARGET_MS, LoadRun, Marks, open_loop, run_load, summary
+from offline.bench.lib.payloads import load_catalogue, short_payloads
+from offline.bench.lib.processes import SERVICE_APP, rss_bytes, start_server_process
+from offline.bench.lib.sweeps import geometric_rates, max_sustained_rate
 
 if TYPE_CHECKING:
     import aiohttp
@@ -175,7 +175,8 @@ def main() -> int:
     machine = {"cpus": os.cpu_count(), "load_avg_before": [round(x, 2) for x in load_before],
                "load_avg_after": [round(x, 2) for x in os.getloadavg()], "waited_for_idle_s": round(waited_s),
                "trainings_running_at_start": busy}
-    return print_report(report, "offline.bench.soak", out=args.out, bundle=str(bundle), machine=machine, probe=probe)
+    return print_report(report, "offline.bench.faults.soak", out=args.out, bundle=str(bundle), machine=machine,
+                        probe=probe)
 
 
 if __name__ == "__main__":

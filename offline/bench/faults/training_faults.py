@@ -1,6 +1,6 @@
 """Kill -9 a training job and a publish; `current` must stay complete and --resume must finish.
 
-    python -m offline.bench.training_faults --config configs/pipeline/demo.yaml --work /tmp/faults \
+    python -m offline.bench.faults.training_faults --config configs/pipeline/demo.yaml --work /tmp/faults \
         [--out docs/results/reliability/training-faults.json]
 
 1. Reference: an uninterrupted `seqrec pipeline` run (seeded by its configs) into WORK/ref.
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from offline.bench.reliability import Started, add_out_option, print_report
+from offline.bench.faults.reliability import Started, add_out_option, print_report
 from offline.jobs.versions import CURRENT, VERSIONS
 
 KILL_AFTER_CHECKPOINT_S = 1.0
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     report = training_faults(args.config, args.work, args.tolerance)
-    return print_report(report, "offline.bench.training_faults", argv, args.out, **started.head())
+    return print_report(report, "offline.bench.faults.training_faults", argv, args.out, **started.head())
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ answer is kept with its route kind, times and status; errors (non-2xx, timeouts,
 connections) are recorded, never raised.
 
 ``run_load`` offers POST /recommend bodies for a fixed time and summarises the run as a
-``LoadResult`` (`offline.bench.sweeps` steps it through rates); ``open_loop`` sends any calls
+``LoadResult`` (`offline.bench.lib.sweeps` steps it through rates); ``open_loop`` sends any calls
 while an action runs alongside (it kills Redis, publishes a model, samples memory) and returns
-every ``Answer`` for the scenario to class (`offline.bench.redis_faults`, `offline.bench.bad_push`).
+every ``Answer`` for the scenario to class (`offline.bench.faults.redis_faults`, `offline.bench.faults.bad_push`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import numpy as np
 
 from common.errors import SeqrecError
-from offline.bench.processes import DIRECT
+from offline.bench.lib.processes import DIRECT
 
 if TYPE_CHECKING:
     import aiohttp

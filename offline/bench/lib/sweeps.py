@@ -1,6 +1,6 @@
 """Offered rates stepped up until the service misses its target: the highest rate it holds.
 
-Every step is one `offline.bench.load.run_load`; a step passes with no error and p99 at most
+Every step is one `offline.bench.lib.load.run_load`; a step passes with no error and p99 at most
 ``P99_TARGET_MS`` (50 ms). Used by `seqrec bench serve`, the replicas bench and the soak.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import SeqrecError
-from offline.bench.load import P99_TARGET_MS, LoadResult, run_load
+from offline.bench.lib.load import P99_TARGET_MS, LoadResult, run_load
 from offline.tables import markdown_table
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""`python -m offline.bench.cold_start`: how well items added without retraining are recommended.
+"""`python -m offline.bench.quality.cold_start`: how well items added without retraining are recommended.
 
     split     hold out a share of the catalogue (offline/data/derive.py: every interaction of those
               items removed from every sequence) -> OUT/train (prepared) + OUT/held_out_items.parquet
@@ -117,7 +117,7 @@ def added_share(bundle: Bundle, inputs: Sequences, n_trained: int, k: int = 10) 
 
 
 def command(args: argparse.Namespace) -> str:
-    return (f"python -m offline.bench.cold_start evaluate --data {args.data} --split {args.split} "
+    return (f"python -m offline.bench.quality.cold_start evaluate --data {args.data} --split {args.split} "
             f"--artifact {args.artifact} --out {args.out} --seed {args.seed} --sample {args.sample}")
 
 
@@ -176,7 +176,7 @@ def _side_line(side: dict[str, Any]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m offline.bench.cold_start", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m offline.bench.quality.cold_start", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("split", help="hold out a share of the items")

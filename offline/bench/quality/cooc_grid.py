@@ -1,6 +1,6 @@
 """Validation recall@N of the co-occurrence source alone over its window and history decay.
 
-    python -m offline.bench.cooc_grid --data PREPARED --out docs/results/sources/ml-100k-cooc-grid
+    python -m offline.bench.quality.cooc_grid --data PREPARED --out docs/results/sources/ml-100k-cooc-grid
 
 The table is built from training positions only and each validation target is looked for in the
 source's top N for the training sequence before it (history excluded, as under `repeats: exclude`).
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                 ids, _ = cooc_top(table, recent[lo : lo + 2048], exclude[lo : lo + 2048], args.depth)
                 hits += int((ids == split.valid_targets[lo : lo + 2048, None]).any(1).sum())
             rows.append({"window": window, "decay": decay, f"valid_recall@{args.depth}": round(hits / len(recent), 6)})
-    command = f"python -m offline.bench.cooc_grid --data {args.data} --out {args.out} --depth {args.depth}"
+    command = f"python -m offline.bench.quality.cooc_grid --data {args.data} --out {args.out} --depth {args.depth}"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record = {"data": str(args.data), "depth": args.depth, "last": LAST, "command": command, "rows": rows}
     atomic_write(args.out.with_suffix(".json"), lambda f: f.write_text(json.dumps(record, indent=2) + "\n"))

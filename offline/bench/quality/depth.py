@@ -1,6 +1,6 @@
 """Two-stage NDCG@10 and the retriever's recall against the candidate depth, on validation only.
 
-    python -m offline.bench.depth --artifact BUNDLE --data PREPARED --out docs/results/depth-demo
+    python -m offline.bench.quality.depth --artifact BUNDLE --data PREPARED --out docs/results/depth-demo
 
 Each depth runs `offline.jobs.evaluate.evaluate_bundle` (what `seqrec evaluate --candidates N` prints); the
 ranker stays the one trained at its own depth, so rows past it show what a deeper request would serve,
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"{r['retriever_recall']:.4f}"] for r in rows])
     ranker_depth = rows[0]["ranker_depth"] if rows else None
     text = (f"Validation split, bundle {args.artifact}, ranker trained at {ranker_depth} candidates "
-            f"(`python -m offline.bench.depth --artifact {args.artifact} --data {args.data} --out {args.out}`).\n\n"
+            f"(`python -m offline.bench.quality.depth --artifact {args.artifact} --data {args.data} "
+            f"--out {args.out}`).\n\n"
             f"{table}\n")
     (args.out / "depth.md").write_text(text)
     print(text)

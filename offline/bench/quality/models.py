@@ -5,7 +5,7 @@
 Each (model, seed) pair is one ordinary `train_retriever` run written as an artifact to
 OUT/runs/<model>/seed<seed>, so a rerun skips what is finished, resumes what was interrupted,
 and every number in a table comes from a folder `seqrec evaluate --artifact` can re-check.
-The tables (OUT/results.{md,json,csv}, `offline.bench.results`) and resolved configs (OUT/configs/)
+The tables (OUT/results.{md,json,csv}, `offline.bench.quality.results`) and resolved configs (OUT/configs/)
 are rewritten after every run, so a long bench shows its progress.
 """
 
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError
-from offline.bench.records import BenchMeta, RunRecord, config_sha256
-from offline.bench.results import cell, write_results
+from offline.bench.quality.records import BenchMeta, RunRecord, config_sha256
+from offline.bench.quality.results import cell, write_results
 
 if TYPE_CHECKING:  # torch and the training stack load when a bench runs, not for `seqrec --help`
     from offline.data.prepared import PreparedDataset
@@ -164,7 +164,7 @@ def measure_run(run_dir: Path, data: PreparedDataset, infer_batch: int) -> dict[
     """Metrics and training times from the artifact; size, FLOPs and inference speed measured on it."""
     import torch
 
-    from offline.bench.measure import average_inference_steps, count_parameters, forward_flops, inference_seconds
+    from offline.bench.lib.measure import average_inference_steps, count_parameters, forward_flops, inference_seconds
     from retriever.artifact import MANIFEST, ArtifactError, load_artifact
     from retriever.train import resolve_device
 
@@ -253,7 +253,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from offline.bench.results import merge_results
+    from offline.bench.quality.results import merge_results
 
     if args.min_seeds < 0:
         raise SeqrecError(f"--min-seeds must be >= 0, got {args.min_seeds}")

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from offline.bench.processes import SERVICE_APP, start_server
+from offline.bench.lib.processes import SERVICE_APP, start_server
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.evaluate import two_stage_top
 from ranker.extras import needs_time

@@ -1,6 +1,6 @@
 """Ablation of the candidate sources and the extra ranker features: two-stage NDCG@10 per variant.
 
-    python -m offline.bench.ranker_features --artifact BUNDLE --data PREPARED --mined MINED \
+    python -m offline.bench.quality.ranker_features --artifact BUNDLE --data PREPARED --mined MINED \
         --out docs/results/sources/ml-100k-ablation
 
 Each variant trains the bundle's ranker anew (`offline.jobs.rank.train_ranker`, the same code as
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if best is not rows[-1]:  # leave the bundle with the kept ranker
         run_variant(args.artifact, args.data, args.mined, args.kind, args.mining, args.depth, args.cooc_share,
                     tuple(best["sources"]), tuple(best["features"]))
-    command = (f"python -m offline.bench.ranker_features --artifact {args.artifact} --data {args.data} "
+    command = (f"python -m offline.bench.quality.ranker_features --artifact {args.artifact} --data {args.data} "
                f"--mined {args.mined} --out {args.out} --kind {args.kind} --mining {args.mining} "
                f"--depth {args.depth} --cooc-share {args.cooc_share}" + (f" --only {args.only}" if args.only else ""))
     record = {"artifact": str(args.artifact), "data": str(args.data), "kind": args.kind, "mining": args.mining,

@@ -1,6 +1,6 @@
 """One pipeline config run under each repeat policy, and the repeat shares of prepared folders.
 
-    python -m offline.bench.repeats --config configs/pipeline/demo.yaml --out docs/results/repeats \
+    python -m offline.bench.quality.repeats --config configs/pipeline/demo.yaml --out docs/results/repeats \
         --work /tmp/repeats --threads 1 [--prepared /tmp/beauty /tmp/ml-100k]
 
 For each policy (exclude, allow) the config runs end to end (`offline.jobs.pipeline.run_pipeline`)

@@ -1,6 +1,7 @@
 """How a ranker with request-time features scores requests that carry less than the evaluation's times.
 
-    python -m offline.bench.request_times --artifact BUNDLE --data PREPARED --out docs/results/request-times/ml-100k
+    python -m offline.bench.quality.request_times --artifact BUNDLE --data PREPARED \
+        --out docs/results/request-times/ml-100k
 
 `seqrec evaluate` scores each validation and test prediction as of its target's timestamp, with the time of the
 user's newest interaction (what `seqrec bench parity` sends as `at` and `last_event_at`). A client may send
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.artifact, args.data)
     table = markdown_table(["requests carry", "valid NDCG@10", "test NDCG@10"],
                            [[r["variant"], f"{r['valid']:.4f}", f"{r['test']:.4f}"] for r in result["rows"]])
-    command = f"python -m offline.bench.request_times --artifact {args.artifact} --data {args.data} --out {args.out}"
+    command = (f"python -m offline.bench.quality.request_times --artifact {args.artifact} --data {args.data} "
+               f"--out {args.out}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     record = json.dumps({**result, "command": command}, indent=2) + "\n"
     text = (f"# Request-time features with less than the evaluation's times\n\n`{command}`\n\n"

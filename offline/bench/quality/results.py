@@ -20,7 +20,7 @@ import numpy as np
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError
-from offline.bench.records import BenchMeta, BenchResults, RunRecord, config_sha256, read_results
+from offline.bench.quality.records import BenchMeta, BenchResults, RunRecord, config_sha256, read_results
 from offline.tables import markdown_table
 
 log = logging.getLogger(__name__)

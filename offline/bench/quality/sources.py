@@ -1,6 +1,6 @@
 """Recall of each candidate source and of their union, on validation and test.
 
-    python -m offline.bench.sources --artifact BUNDLE --data PREPARED --out docs/results/sources/ml-100k
+    python -m offline.bench.quality.sources --artifact BUNDLE --data PREPARED --out docs/results/sources/ml-100k
 
 For every validation and test target (the history before it, excluded under the bundle's repeat
 policy, as `seqrec evaluate` retrieves): the share found in the retriever's top N (FAISS), in the
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"artifact": str(args.artifact), "data": str(args.data), "version": artifact.manifest.version,
               "repeats": artifact.manifest.repeats, "depths": list(depths), "shares": list(shares),
               "chosen_share": chosen, "chosen_on": f"valid recall@{depths[0]}", "recall": recalls}
-    command = (f"python -m offline.bench.sources --artifact {args.artifact} --data {args.data} --out {args.out} "
-               f"--depths {args.depths} --shares {args.shares}")
+    command = (f"python -m offline.bench.quality.sources --artifact {args.artifact} --data {args.data} "
+               f"--out {args.out} --depths {args.depths} --shares {args.shares}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out.with_suffix(".json"), lambda f: f.write_text(json.dumps(record, indent=2) + "\n"))
     text = report(record, command)

@@ -5,7 +5,7 @@ hands this module what it measured itself: each step's seconds (including the se
 `docker compose up` to the first 200 from POST /recommend), `docker stats --no-stream` of every
 container and the image's size. This module offers POST /recommend through the lb at ``--rate``
 for ``--duration`` seconds, then the same straight to the api (``--direct-url``, the reference
-without nginx), with the open-loop client (`offline.bench.load.run_load`; histories of
+without nginx), with the open-loop client (`offline.bench.lib.load.run_load`; histories of
 catalogue items from the running bundle) and writes everything, with the machine's load and core
 count, to ``--out`` (docs/results/docker/smoke.json).
 
@@ -29,8 +29,8 @@ import numpy as np
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError
-from offline.bench.load import run_load
-from offline.bench.payloads import payloads_from_catalogue
+from offline.bench.lib.load import run_load
+from offline.bench.lib.payloads import payloads_from_catalogue
 
 UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -74,7 +74,8 @@ def machine() -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m offline.bench.docker_smoke", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m offline.bench.serve.docker_smoke",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--url", required=True, help="the lb, e.g. http://127.0.0.1:18080")
     parser.add_argument("--direct-url", help="the api itself (the same load, without the lb, right after)")
     parser.add_argument("--items", type=Path, required=True, help="catalogue item ids, one a line")

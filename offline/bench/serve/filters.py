@@ -1,4 +1,4 @@
-"""`python -m offline.bench.filters`: POST /recommend latency with business filters that keep 1 %, 10 % and
+"""`python -m offline.bench.serve.filters`: POST /recommend latency with business filters that keep 1 %, 10 % and
 50 % of the catalogue, against the same requests unfiltered, over HTTP on one server.
 
 A uvicorn server serves the bundle (one inference thread). The payloads are the test users' histories
@@ -6,7 +6,7 @@ A uvicorn server serves the bundle (one inference thread). The payloads are the 
 or ``genres``) built greedily from its values, most frequent first, to keep close to the target share
 (the share it really keeps is reported), or ``year >= Y`` for a catalogue with years only. Each condition,
 and the unfiltered reference, is offered at ``--rate`` requests/s by the open-loop client
-(`offline.bench.load`) for ``--duration`` seconds after a warm-up, in turn. Every answer of a filtered run is
+(`offline.bench.lib.load`) for ``--duration`` seconds after a warm-up, in turn. Every answer of a filtered run is
 checked: an item outside the filter, or a list shorter than k, counts as a violation.
 Rows go to ``OUT/results.json`` (appended per label) and ``OUT/README.md``.
 """
@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from offline.bench.load import run_load
-from offline.bench.processes import SERVICE_APP, start_server
+from offline.bench.lib.load import run_load
+from offline.bench.lib.processes import SERVICE_APP, start_server
 from offline.data.prepared import load_prepared
 from offline.tables import markdown_table
 from service.system.bundle import Bundle, load_bundle, resolve_bundle
@@ -115,7 +115,8 @@ def write(out: Path, rows: list[dict[str, Any]]) -> None:
                                    f"{r['load_before']} / {r['load_after']}"] for r in kept])
     (out / "README.md").write_text(
         "# Business filters: POST /recommend latency by the share of the catalogue a filter keeps\n\n"
-        "Written by `python -m offline.bench.filters` (commands in `docs/results/filters/COMMANDS.md`): one uvicorn "
+        "Written by `python -m offline.bench.serve.filters` (commands in `docs/results/filters/COMMANDS.md`): "
+        "one uvicorn "
         "server, one inference thread, open-loop Poisson arrivals at the given rate, latencies from each request's "
         "due time; `none` is the same requests unfiltered, run in the same server just before. Violations: of the "
         "first 100 answers of each filtered run, those holding an item outside the filter or fewer than k items "
@@ -124,7 +125,7 @@ def write(out: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m offline.bench.filters", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m offline.bench.serve.filters", description=__doc__.split("\n\n")[0])
     p.add_argument("--bundle", type=Path, required=True)
     p.add_argument("--data", type=Path, required=True, help="the prepared folder the bundle was trained on")
     p.add_argument("--label", required=True)

@@ -1,6 +1,6 @@
 """How long Python's cyclic garbage collector stops the server: this version against another, side by side.
 
-    python -m offline.bench.gc_pauses --artifact BUNDLE --out docs/results/serve/gc-freeze \
+    python -m offline.bench.serve.gc_pauses --artifact BUNDLE --out docs/results/serve/gc-freeze \
         [--server-code OLD_TREE] [--rate 100] [--seconds 20] [--runs 2]
 
 Starts the service with a ``sitecustomize`` module first on its path (`HOOK`) that times every collection
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from offline.bench.load import run_load
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import SERVICE_APP, start_server_process
+from offline.bench.lib.load import run_load
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.processes import SERVICE_APP, start_server_process
 from offline.tables import markdown_table
 
 MARK = '{"gc_pause"'
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(one_run(bundle, version, code, args.rate, args.seconds, payloads))
                 print(json.dumps(runs[-1]), flush=True)
     load_after = os.getloadavg()
-    command = shlex.join(["python", "-m", "offline.bench.gc_pauses", *argv])
+    command = shlex.join(["python", "-m", "offline.bench.serve.gc_pauses", *argv])
     report = {"command": command, "cores": os.cpu_count(), "load_average_before": load_before,
               "load_average_after": load_after, "runs": runs}
     (args.out / "gc-pauses.json").write_text(json.dumps(report, indent=2))

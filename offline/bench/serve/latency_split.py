@@ -1,6 +1,6 @@
 """Where a served request's latency goes under open-loop load, and what an idle gap costs the same work (issue 27).
 
-    python -m offline.bench.latency_split --artifact BUNDLE [--artifact ...] --out docs/results/serve/split
+    python -m offline.bench.serve.latency_split --artifact BUNDLE [--artifact ...] --out docs/results/serve/split
         [--rate 100] [--seconds 20] [--runs 2] [--requests 200]
 
 Server side: for each bundle, the service (one uvicorn worker, one thread) is offered ``--rate`` requests/s
@@ -36,9 +36,9 @@ import numpy as np
 from tqdm import tqdm
 
 from common.errors import SeqrecError
-from offline.bench.load import Call, open_loop
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import SERVICE_APP, start_server_process
+from offline.bench.lib.load import Call, open_loop
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.processes import SERVICE_APP, start_server_process
 from offline.cli.common import SEED, configure_logging
 from offline.tables import markdown_table
 from service.http.engine import set_threads

@@ -1,6 +1,6 @@
 """Where a served request's time goes, sampled by py-spy in the running server under open-loop load.
 
-    python -m offline.bench.profile_serve --artifact BUNDLE --out docs/results/serve --name after
+    python -m offline.bench.serve.profile_serve --artifact BUNDLE --out docs/results/serve --name after
         [--server-code OLD_TREE --name before] [--rate 50] [--seconds 20]
 
 Starts the service (from ``--server-code`` when given, to profile another version), offers ``--rate``
@@ -22,9 +22,9 @@ from collections import Counter
 from pathlib import Path
 
 from common.errors import SeqrecError
-from offline.bench.load import run_load
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import SERVICE_APP, start_server_process
+from offline.bench.lib.load import run_load
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.processes import SERVICE_APP, start_server_process
 from offline.tables import markdown_table
 
 BUCKETS = (  # (path fragment of the deepest seqrec frame, bucket), first match wins
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [[name, n, "" if name == IDLE else f"{100 * n / total:.1f}%"] for name, n in counts.most_common()]
     text = "\n".join([
         f"# py-spy profile of the server: {args.name}", "",
-        f"`{' '.join(['python -m offline.bench.profile_serve', *argv])}`", "",
+        f"`{' '.join(['python -m offline.bench.serve.profile_serve', *argv])}`", "",
         f"Bundle {args.artifact}, {args.rate:g} r/s open-loop for {args.seconds:g} s (histories of 50-200 "
         f"items, k=10, 200 candidates); the load's p50 {result.p50_ms} ms, p99 {result.p99_ms} ms, errors "
         f"{result.errors}. Samples of non-idle server threads, bucketed by the deepest seqrec frame:", "",

@@ -1,12 +1,13 @@
 """Throughput of 1, 2, ... service replicas behind nginx running docker/nginx.conf.
 
-    python -m offline.bench.replicas --artifacts /tmp/replica-artifacts --replicas 1,2 --duration 20 --out replicas.json
+    python -m offline.bench.serve.replicas --artifacts /tmp/replica-artifacts --replicas 1,2 --duration 20 \
+        --out replicas.json
 
 For each replica count N: starts N service processes on free local ports (`service.http.app:create_app`
 under uvicorn, one worker and SEQREC_THREADS=1 each, as in the api container), then one nginx on
 docker/nginx.conf with its upstream `server api:8000 resolve` replaced by those N ports (there is
 no Docker DNS on the host; the rest of the file is used as it is), and waits for /readyz through
-nginx. Then `offline.bench.sweeps.max_sustained_rate` steps the offered open-loop rate up through
+nginx. Then `offline.bench.lib.sweeps.max_sustained_rate` steps the offered open-loop rate up through
 --rates against nginx until a rate misses p99 <= 50 ms or has an error. Prints, per N, the highest
 rate held, p50/p99 there, the errors, how the requests were split across the replicas (from each
 replica's /metrics), and every run; writes it all as JSON to --out.
@@ -33,9 +34,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from offline.bench.load import P99_TARGET_MS, LoadResult, run_load
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import (
+from offline.bench.lib.load import P99_TARGET_MS, LoadResult, run_load
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.processes import (
     DIRECT,
     SERVICE_APP,
     ServerError,
@@ -44,11 +45,11 @@ from offline.bench.processes import (
     start_server_process,
     stop_process,
 )
-from offline.bench.sweeps import max_sustained_rate, report_table
+from offline.bench.lib.sweeps import max_sustained_rate, report_table
 from offline.cli.common import SEED, configure_logging
 from offline.tables import markdown_table
 
-NGINX_CONF = Path(__file__).resolve().parents[2] / "docker" / "nginx.conf"
+NGINX_CONF = Path(__file__).resolve().parents[3] / "docker" / "nginx.conf"
 UPSTREAM_SERVER = re.compile(r"^(?P<indent>[ \t]*)server api:8000(?: resolve)?;[ \t]*$", re.MULTILINE)
 TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.errors import SeqrecError
-from offline.bench.load import run_load
-from offline.bench.payloads import payloads_from_catalogue
-from offline.bench.processes import SERVICE_APP, rss_bytes, start_server_process
-from offline.bench.scale_report import CURVES, MB, TABLE_COPIES, refresh
+from offline.bench.lib.load import run_load
+from offline.bench.lib.payloads import payloads_from_catalogue
+from offline.bench.lib.processes import SERVICE_APP, rss_bytes, start_server_process
+from offline.bench.serve.scale_report import CURVES, MB, TABLE_COPIES, refresh
 from offline.cli.common import configure_logging
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """`seqrec bench serve`: open-loop HTTP load against a real service process, and its framework ceiling.
 
-The server runs as its own uvicorn process (`offline.bench.processes`); the load client
-(`offline.bench.load`) runs in this one, and `offline.bench.sweeps` steps the offered rate up
+The server runs as its own uvicorn process (`offline.bench.lib.processes`); the load client
+(`offline.bench.lib.load`) runs in this one, and `offline.bench.lib.sweeps` steps the offered rate up
 until the service misses p99 <= 50 ms or answers an error.
 
 ``noop_app`` is a FastAPI app that parses the same request body and answers a constant: the same
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from offline.bench.load import LoadResult, post_json, run_load
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import (
+from offline.bench.lib.load import LoadResult, post_json, run_load
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.processes import (
     SERVICE_APP,
     process_cpu_seconds,
     start_server_process,
@@ -31,14 +31,14 @@ from offline.bench.processes import (
     tree_memory_bytes,
     worker_shares,
 )
-from offline.bench.serve_check import check_answers
-from offline.bench.sweeps import max_sustained_rate, parse_rates, report_table
+from offline.bench.lib.sweeps import max_sustained_rate, parse_rates, report_table
+from offline.bench.serve.serve_check import check_answers
 from offline.tables import markdown_table
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-NOOP_APP = "offline.bench.serve:noop_app"
+NOOP_APP = "offline.bench.serve.serve:noop_app"
 
 
 class NoopRequest(BaseModel):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from offline.bench.load import post_json
+from offline.bench.lib.load import post_json
 from service.system.bundle import Bundle, load_bundle
 from service.system.recommend import Query, recommend_batch
 

@@ -1,6 +1,6 @@
 """Load shedding under overload: the service with and without a queue bound, offered more than it can carry.
 
-    python -m offline.bench.shed --artifact BUNDLE --out docs/results/serve [--rates 100,200,400]
+    python -m offline.bench.serve.shed --artifact BUNDLE --out docs/results/serve [--rates 100,200,400]
         [--queues 8,1000000] [--duration 8]
 
 For each ``SEQREC_MAX_QUEUE`` in ``--queues`` (a large one stands for "no bound"), starts the service and
@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 
-from offline.bench.load import run_load
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
-from offline.bench.processes import SERVICE_APP, start_server_process
-from offline.bench.sweeps import parse_rates
+from offline.bench.lib.load import run_load
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.processes import SERVICE_APP, start_server_process
+from offline.bench.lib.sweeps import parse_rates
 from offline.cli.common import SEED
 from offline.tables import markdown_table
 
@@ -37,7 +37,7 @@ def _shed_total(url: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m offline.bench.shed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m offline.bench.serve.shed", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifact", type=Path, required=True, help="the bundle to serve")
     p.add_argument("--out", type=Path, required=True, help="folder for shed.{json,md}")
     p.add_argument("--rates", default="100,200,400", help="offered rates (requests/s), comma-separated")

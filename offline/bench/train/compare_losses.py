@@ -1,6 +1,7 @@
 """Train one config with each loss and print a markdown table (validation decides; test is reported).
 
-    python -m offline.bench.compare_losses --config configs/beauty/transformer.yaml --data data/beauty --out runs/losses
+    python -m offline.bench.train.compare_losses --config configs/beauty/transformer.yaml --data data/beauty \
+        --out runs/losses
 
 Each variant is a plain `seqrec train` run, so every row can be reproduced on its own with the
 command this script prints. Runs already finished in --out are reused, not retrained.

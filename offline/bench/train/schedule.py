@@ -1,6 +1,6 @@
 """The schedule comparison: per-epoch validation of training runs that differ in train.schedule.
 
-    python -m offline.bench.schedule --run wsd=RUN_DIR --run cosine=RUN_DIR \
+    python -m offline.bench.train.schedule --run wsd=RUN_DIR --run cosine=RUN_DIR \
         [--reference docs/results/ml-100k/results.json --reference-model transformer --reference-seed 42] \
         --out docs/results/schedule/ml-100k --command "how the runs were made"
 

@@ -1,8 +1,8 @@
 """Why some TRM4Rec seeds stall: train a few epochs per seed, then compare gradients and state norms.
 
-    python -m offline.bench.trm4rec_stall --config configs/beauty/trm4rec-s4b2.yaml --data data/beauty \\
+    python -m offline.bench.train.trm4rec_stall --config configs/beauty/trm4rec-s4b2.yaml --data data/beauty \\
         --out runs/stall --seeds 42,2023 --epochs 5
-    python -m offline.bench.trm4rec_stall ... --out runs/stall-do02 --seeds 42 \\
+    python -m offline.bench.train.trm4rec_stall ... --out runs/stall-do02 --seeds 42 \\
         --set model.dropout=0.2 --set model.emb_dropout=0.2
 
 Each seed is a plain `seqrec train` run with the committed config (its full learning-rate

@@ -1,4 +1,4 @@
-"""`python -m offline.bench.warm_start`: nightly retraining from yesterday's model against from scratch.
+"""`python -m offline.bench.train.warm_start`: nightly retraining from yesterday's model against from scratch.
 
     prefix  OUT = each user's first SHARE of their training positions (then the same validation and test
             items): the data as it stood "yesterday" (offline/data/derive.py)
@@ -68,7 +68,7 @@ def report_main(args: argparse.Namespace) -> int:
     if args.yesterday:
         runs = {"yesterday (prefix data)": Path(args.yesterday), **runs}
     histories = {name: curve(path) for name, path in runs.items()}
-    record: dict[str, Any] = {"command": shlex.join(["python", "-m", "offline.bench.warm_start", *sys.argv[1:]]),
+    record: dict[str, Any] = {"command": shlex.join(["python", "-m", "offline.bench.train.warm_start", *sys.argv[1:]]),
                               "runs": {}}
     for name, path in runs.items():
         record["runs"][name] = {"path": str(path), **summary(histories[name]),
@@ -98,7 +98,7 @@ def report_main(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m offline.bench.warm_start", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m offline.bench.train.warm_start", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("prefix", help="each user's first share of their training positions")

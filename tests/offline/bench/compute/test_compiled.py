@@ -1,11 +1,11 @@
-"""`python -m offline.bench.compiled` on a tiny model: every cell timed on both paths, the same vectors."""
+"""`python -m offline.bench.compute.compiled` on a tiny model: every cell timed on both paths, the same vectors."""
 
 import json
 from pathlib import Path
 
 import yaml
 
-from offline.bench.compiled import main
+from offline.bench.compute.compiled import main
 from tests.tiny import prepare_tiny
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from offline.bench.index import choose, noisy_queries, recall_at, structure_spec, synthetic_vectors
+from offline.bench.compute.index import choose, noisy_queries, recall_at, structure_spec, synthetic_vectors
 
 
 def test_recall_counts_shared_rows_and_ignores_padding() -> None:

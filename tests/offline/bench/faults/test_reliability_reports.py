@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from offline.bench import training_faults
-from offline.bench.reliability import Started, print_report, recorded_command
+from offline.bench.faults import training_faults
+from offline.bench.faults.reliability import Started, print_report, recorded_command
 
 BENCHES = {  # module -> the arguments the docs give it
     "redis_faults": ["--artifacts", "A", "--rate", "60", "--before", "20", "--down", "10", "--after", "20"],
@@ -27,10 +27,10 @@ BENCHES = {  # module -> the arguments the docs give it
 def test_a_recorded_command_parses_back_to_its_arguments(name: str, tmp_path: Path) -> None:
     out = tmp_path / "a folder with spaces" / f"{name}.json"
     argv = [*BENCHES[name], "--out", str(out)]
-    command = recorded_command(f"offline.bench.{name}", argv)
+    command = recorded_command(f"offline.bench.faults.{name}", argv)
     words = shlex.split(command)
-    assert words[:3] == ["python", "-m", f"offline.bench.{name}"]
-    args = importlib.import_module(f"offline.bench.{name}").parser().parse_args(words[3:])
+    assert words[:3] == ["python", "-m", f"offline.bench.faults.{name}"]
+    args = importlib.import_module(f"offline.bench.faults.{name}").parser().parse_args(words[3:])
     assert args.out == out
 
 
@@ -39,10 +39,10 @@ def test_the_report_is_printed_and_written_with_its_command(tmp_path: Path, caps
     out = tmp_path / "new" / "report.json"
     report: dict[str, Any] = {"scenario": "x", "load": {"sent": 3}, "checks": {"ok": True}, "passed": True}
     argv = ["--artifacts", "A", "--note", "two words", "--out", str(out)]
-    assert print_report(report, "offline.bench.redis_faults", argv, out, **Started().head(), bundle="B") == 0
+    assert print_report(report, "offline.bench.faults.redis_faults", argv, out, **Started().head(), bundle="B") == 0
     written = json.loads(out.read_text())
     assert written == json.loads(capsys.readouterr().out)
-    assert shlex.split(written["command"]) == ["python", "-m", "offline.bench.redis_faults", *argv]
+    assert shlex.split(written["command"]) == ["python", "-m", "offline.bench.faults.redis_faults", *argv]
     assert (written["load"], written["bundle"]) == ({"sent": 3}, "B")
     assert written["date"]
     assert written["machine"]["cpus"] == os.cpu_count()
@@ -50,7 +50,7 @@ def test_the_report_is_printed_and_written_with_its_command(tmp_path: Path, caps
     assert [p.name for p in out.parent.iterdir()] == ["report.json"]  # no temp file left beside it
 
     failed = {**report, "passed": False}
-    assert print_report(failed, "offline.bench.redis_faults", argv, out) == 1
+    assert print_report(failed, "offline.bench.faults.redis_faults", argv, out) == 1
     assert json.loads(out.read_text())["passed"] is False  # a failed run is recorded too
 
 

@@ -1,4 +1,4 @@
-"""The open-loop load client (`offline.bench.load`) against real uvicorn processes: the no-op app, one that
+"""The open-loop load client (`offline.bench.lib.load`) against real uvicorn processes: the no-op app, one that
 always fails, and one that blocks its event loop for 50 ms a request (to show that latency counts from the due time)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from common.errors import SeqrecError
-from offline.bench.load import Answer, Call, LoadResult, due_times, quiet_collector, run_load, summarise
-from offline.bench.payloads import payloads_from_catalogue, payloads_from_dataset
-from offline.bench.processes import (
+from offline.bench.lib.load import Answer, Call, LoadResult, due_times, quiet_collector, run_load, summarise
+from offline.bench.lib.payloads import payloads_from_catalogue, payloads_from_dataset
+from offline.bench.lib.processes import (
     ServerError,
     free_port,
     process_cpu_seconds,
@@ -26,12 +26,12 @@ from offline.bench.processes import (
     start_server_process,
     worker_shares,
 )
-from offline.bench.serve import NOOP_APP
-from offline.bench.sweeps import geometric_rates, max_sustained_rate, report_table
+from offline.bench.lib.sweeps import geometric_rates, max_sustained_rate, report_table
+from offline.bench.serve.serve import NOOP_APP
 from offline.data.prepared import PreparedDataset
 from offline.data.sequences import Sequences
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 # the test apps below live in this module: the server process must be able to import it
 TEST_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 PAYLOADS = [{"history": ["1", "2", "3"], "k": 10, "candidates": 200, "rerank": True}]
@@ -104,7 +104,7 @@ def noop_url():
 
 @pytest.fixture(scope="module")
 def failing_url():
-    with start_server("tests.offline.bench.test_load:failing_app", TEST_ENV) as url:
+    with start_server("tests.offline.bench.lib.test_load:failing_app", TEST_ENV) as url:
         yield url
 
 
@@ -150,7 +150,7 @@ def test_closed_port_counts_connection_errors():
 def test_latency_counts_from_the_due_time_not_the_answer_of_the_previous_request():
     # 40 requests offered at 40/s to a server that handles 20/s: an open-loop client keeps sending on
     # schedule and the queue shows up in the latencies; a closed-loop one would report ~50 ms each.
-    with start_server("tests.offline.bench.test_load:slow_app", TEST_ENV) as url:
+    with start_server("tests.offline.bench.lib.test_load:slow_app", TEST_ENV) as url:
         result = run_load(url, PAYLOADS, rate=40, duration_s=1.0, warmup_s=0.0, arrivals="uniform", timeout_s=5.0)
     assert result.errors == 0
     assert result.ok == 40
@@ -173,7 +173,7 @@ def test_max_sustained_rate_steps_up_and_stops_at_the_first_failure(noop_url, fa
 
 
 def test_worker_shares_of_a_two_worker_server_cover_both_workers() -> None:
-    with start_server_process("tests.offline.bench.test_load:busy_app", TEST_ENV, workers=2) as server:
+    with start_server_process("tests.offline.bench.lib.test_load:busy_app", TEST_ENV, workers=2) as server:
         before = process_cpu_seconds(server.pid)
         result = run_load(server.url, PAYLOADS, rate=100, duration_s=1.0, warmup_s=0.2, arrivals="uniform")
         shares = worker_shares(before, process_cpu_seconds(server.pid), server.pid)
@@ -198,7 +198,7 @@ def test_start_server_reports_a_broken_app_with_its_output():
 
 def test_start_server_times_out_when_never_ready():
     with pytest.raises(ServerError, match="not ready"), start_server(
-            "tests.offline.bench.test_load:never_ready_app", TEST_ENV, ready_timeout_s=1.5):
+            "tests.offline.bench.lib.test_load:never_ready_app", TEST_ENV, ready_timeout_s=1.5):
         pass
 
 

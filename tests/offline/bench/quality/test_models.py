@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import offline.jobs.train
-from offline.bench.latency import fit_alpha
-from offline.bench.measure import forward_flops
-from offline.bench.records import RunRecord, config_sha256
-from offline.bench.results import TABLE_METRICS, csv_text, mean_std, summarize
-from offline.bench.results import results_table as markdown_table
+from offline.bench.compute.latency import fit_alpha
+from offline.bench.lib.measure import forward_flops
+from offline.bench.quality.records import RunRecord, config_sha256
+from offline.bench.quality.results import TABLE_METRICS, csv_text, mean_std, summarize
+from offline.bench.quality.results import results_table as markdown_table
 from offline.cli import main
 from retriever.artifact import read_manifest
 from retriever.backbones import backbone_config, build_encoder
@@ -303,7 +303,7 @@ def test_merge_refuses_other_data_and_a_run_twice(bench: Path, tmp_path: Path,
 
 
 def test_a_finished_run_from_before_a_config_key_was_added_is_still_the_same_config() -> None:
-    from offline.bench.models import same_config
+    from offline.bench.quality.models import same_config
     from retriever.config import config_from_dict
 
     resolved = config_from_dict({"model": {"backbone": "sasrec", "max_len": 10}}).model_dump(mode="json")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from common.errors import SeqrecError
-from offline.bench.records import RunRecord, config_sha256, read_results
-from offline.bench.results import merge_results
+from offline.bench.quality.records import RunRecord, config_sha256, read_results
+from offline.bench.quality.results import merge_results
 from offline.tables import markdown_header, markdown_row, markdown_table
 
-RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[4] / "docs" / "results"
 
 
 @pytest.mark.parametrize("name", ["ml-100k-quick", "beauty"])  # a plain bench output, and a merge of merges

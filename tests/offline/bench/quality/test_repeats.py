@@ -1,9 +1,9 @@
-"""`python -m offline.bench.repeats`: the shares table of prepared folders and the policy table of a run."""
+"""`python -m offline.bench.quality.repeats`: the shares table of prepared folders and the policy table of a run."""
 
 import json
 from pathlib import Path
 
-from offline.bench.repeats import main, policy_table
+from offline.bench.quality.repeats import main, policy_table
 from offline.cli import main as seqrec
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from offline.bench.two_stage import results_table, summarize_seeds, write_results
+from offline.bench.quality.two_stage import results_table, summarize_seeds, write_results
 from offline.cli import main
 from tests.tiny import prepare_tiny
 

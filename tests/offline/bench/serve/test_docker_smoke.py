@@ -1,10 +1,10 @@
-"""offline/bench/docker_smoke.py's reading of what docker/smoke.sh --measure hands it."""
+"""offline/bench/serve/docker_smoke.py's reading of what docker/smoke.sh --measure hands it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from offline.bench.docker_smoke import read_stats
+from offline.bench.serve.docker_smoke import read_stats
 
 
 def test_read_stats_names_each_compose_service_the_second_replica_included(tmp_path: Path) -> None:

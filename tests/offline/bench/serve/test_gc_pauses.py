@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from offline.bench.gc_pauses import HOOK, MARK, pauses
+from offline.bench.serve.gc_pauses import HOOK, MARK, pauses
 
 
 def test_pauses_keeps_the_probes_lines_inside_the_window() -> None:

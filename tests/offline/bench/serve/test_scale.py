@@ -11,11 +11,11 @@ import matplotlib.image
 import pytest
 
 from common.errors import SeqrecError
-from offline.bench.scale import parse_sizes
-from offline.bench.scale_report import TABLE_COPIES, slopes
+from offline.bench.serve.scale import parse_sizes
+from offline.bench.serve.scale_report import TABLE_COPIES, slopes
 from offline.cli import main
 
-CONFIG = Path(__file__).resolve().parents[3] / "configs" / "synthetic" / "transformer.yaml"
+CONFIG = Path(__file__).resolve().parents[4] / "configs" / "synthetic" / "transformer.yaml"
 TINY = ["--config", str(CONFIG), "--interactions", "2000,8000", "--train-items", "1000", "--catalogues", "500,2000",
         "--duration", "2", "--rate", "20", "--warmup", "0.5", "--memory-steps", "3", "--valid-users", "32", "-q"]
 

@@ -1,4 +1,4 @@
-"""offline/bench/trm4rec_stall.py on a tiny finished run: it reads the checkpoint, TensorBoard and the model,
+"""offline/bench/train/trm4rec_stall.py on a tiny finished run: it reads the checkpoint, TensorBoard and the model,
 and refuses a run whose checkpoint went past --epochs (the full-size run is in docs/results/README.md)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import yaml
 
 from offline.cli import main
 
-SCRIPT = Path(__file__).resolve().parents[3] / "offline" / "bench" / "trm4rec_stall.py"
+SCRIPT = Path(__file__).resolve().parents[4] / "offline" / "bench" / "train" / "trm4rec_stall.py"
 
 
 def _stall(config: Path, data: Path, out: Path, epochs: int) -> subprocess.CompletedProcess[str]:
