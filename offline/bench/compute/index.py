@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError
-from offline.bench.quality.models import parse_ints
+from offline.bench.lib.args import parse_ints
 from offline.tables import markdown_table
 from retriever.index import IndexSpec, build_index, normalize, set_search_params
 

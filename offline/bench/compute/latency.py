@@ -19,25 +19,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError
-from offline.bench.lib.measure import count_parameters, timed
-from offline.bench.quality.models import ModelSpec, parse_ints, resolve_models, shorthand_overrides
+from offline.bench.lib.args import ModelSpec, parse_ints, resolve_models, shorthand_overrides
+from offline.bench.lib.measure import count_parameters, fit_alpha, timed
 from offline.tables import markdown_table
 from retriever.config import load_config
 from retriever.train import resolve_device
 
 log = logging.getLogger(__name__)
-
-
-def fit_alpha(lengths: Sequence[float], latencies: Sequence[float]) -> float:
-    """Least-squares slope of log(latency) on log(length): latency ~ c * length**alpha."""
-    slope, _ = np.polyfit(np.log(np.asarray(lengths, dtype=np.float64)),
-                          np.log(np.asarray(latencies, dtype=np.float64)), 1)
-    return float(slope)
 
 
 def latency_curve(spec: ModelSpec, lengths: Sequence[int], batch: int, n_items: int, *, reps: int, warmup: int,

@@ -1,6 +1,6 @@
-"""How big and how fast a model is: parameters, FLOPs per forward, timed inference passes.
+"""How big and how fast a model is: parameters, FLOPs per forward, timed inference passes, and how a cost grows.
 
-Shared by `seqrec bench` (trained artifacts) and `seqrec bench latency` (fresh models).
+Shared by `seqrec bench` (trained artifacts), `seqrec bench latency` (fresh models) and `seqrec bench scale`.
 Every timing runs in inference mode after untimed warm-up calls, synchronising CUDA.
 """
 
@@ -21,6 +21,13 @@ from offline.data.sequences import Sequences
 from retriever.model import Retriever
 
 FLOP_BATCH = 4  # sequences in the FLOP-count batch; counts are reported per sequence
+
+
+def fit_alpha(lengths: Sequence[float], latencies: Sequence[float]) -> float:
+    """Least-squares slope of log(latency) on log(length): latency ~ c * length**alpha."""
+    slope, _ = np.polyfit(np.log(np.asarray(lengths, dtype=np.float64)),
+                          np.log(np.asarray(latencies, dtype=np.float64)), 1)
+    return float(slope)
 
 
 def count_parameters(model: nn.Module) -> int:

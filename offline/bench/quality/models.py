@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError
+from offline.bench.lib.args import ModelSpec, parse_ints, resolve_models, shorthand_overrides
 from offline.bench.quality.records import BenchMeta, RunRecord, config_sha256
 from offline.bench.quality.results import cell, write_results
 
@@ -33,63 +34,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """One table row: its label (row name and run folder) and the YAML config it trains."""
-
-    label: str
-    config: Path
-
-
-@dataclass(frozen=True)
 class BenchOptions:
     overrides: tuple[str, ...] = ()  # section.key=value, applied to every model before the options below
     max_epochs: int | None = None
     budget_minutes: float | None = None
     infer_batch: int = 256
-
-
-def parse_ints(text: str, flag: str) -> list[int]:
-    """``"42,123"`` -> ``[42, 123]``; a SeqrecError naming ``flag`` otherwise."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SeqrecError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    if not values:
-        raise SeqrecError(f"{flag} is empty")
-    return values
-
-
-def shorthand_overrides(args: argparse.Namespace) -> list[str]:
-    """--set, then --threads and --device as the config overrides they stand for."""
-    overrides = list(args.set or [])
-    for flag, key in (("threads", "train.threads"), ("device", "train.device")):
-        if getattr(args, flag) is not None:
-            overrides.append(f"{key}={getattr(args, flag)}")
-    return overrides
-
-
-def resolve_models(models: str, configs_dir: Path, dataset: str | None) -> list[ModelSpec]:
-    """``"sasrec,path/to/x.yaml"`` -> specs; a bare name means ``configs_dir/<dataset>/<name>.yaml``."""
-    specs: list[ModelSpec] = []
-    for entry in (m.strip() for m in models.split(",")):
-        if not entry:
-            continue
-        if entry.endswith((".yaml", ".yml")):
-            path = Path(entry)
-        elif dataset is None:
-            raise SeqrecError(f"model {entry!r}: give --dataset-name or --data to find {configs_dir}/<dataset>/"
-                              f"{entry}.yaml, or pass a YAML path")
-        else:
-            path = configs_dir / dataset / f"{entry}.yaml"
-        if not path.is_file():
-            known = sorted(p.stem for p in path.parent.glob("*.y*ml")) if path.parent.is_dir() else []
-            hint = f"; {path.parent} has: {', '.join(known)}" if known else " (see --configs-dir, --dataset-name)"
-            raise SeqrecError(f"model {entry!r}: no config {path}{hint}")
-        specs.append(ModelSpec(path.stem, path))
-    labels = [s.label for s in specs]
-    if not specs or len(set(labels)) != len(labels):
-        raise SeqrecError(f"--models needs one or more distinct models, got {models!r}")
-    return specs
 
 
 def resolve_config(spec: ModelSpec, seed: int, options: BenchOptions) -> RunConfig:

@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError, validation_message
-from offline.bench.quality.models import parse_ints
+from offline.bench.lib.args import parse_ints
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.train import host_numerics
 from offline.tables import markdown_table

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from common.atomic import atomic_write
-from offline.bench.compute.latency import fit_alpha
+from offline.bench.lib.measure import fit_alpha
 from offline.tables import markdown_table
 
 MB = 2**20

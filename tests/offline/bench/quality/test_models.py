@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 import offline.jobs.train
-from offline.bench.compute.latency import fit_alpha
-from offline.bench.lib.measure import forward_flops
+from offline.bench.lib.measure import fit_alpha, forward_flops
 from offline.bench.quality.records import RunRecord, config_sha256
 from offline.bench.quality.results import TABLE_METRICS, csv_text, mean_std, summarize
 from offline.bench.quality.results import results_table as markdown_table
