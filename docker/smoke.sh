@@ -21,7 +21,7 @@
 # Each step prints its time; the first failure stops the run (exit 1) with the containers' logs.
 # --measure: builds the image without the cache, and after step 6 (one item retired) takes
 # `docker stats` and the api's latency at 50 r/s through the lb, then straight to the api
-# (offline/bench/docker_smoke.py, run by SEQREC_SMOKE_PYTHON, default .venv/bin/python), into
+# (offline/bench/serve/docker_smoke.py, run by SEQREC_SMOKE_PYTHON, default .venv/bin/python), into
 # docs/results/docker/smoke.json.
 # --keep: leaves the stack up (no `down -v`).
 #
@@ -317,7 +317,7 @@ measure() {
     docker stats --no-stream --format '{{.Name}}\t{{.MemUsage}}\t{{.CPUPerc}}' \
         $("${COMPOSE[@]}" ps -q) > "$WORK/stats.tsv" || return 1
     cat "$WORK/stats.tsv"
-    PYTHONPATH=$REPO OMP_NUM_THREADS=1 "${SEQREC_SMOKE_PYTHON:-$REPO/.venv/bin/python}" -m offline.bench.docker_smoke \
+    PYTHONPATH=$REPO OMP_NUM_THREADS=1 "${SEQREC_SMOKE_PYTHON:-$REPO/.venv/bin/python}" -m offline.bench.serve.docker_smoke \
         --url "$LB" --direct-url "http://127.0.0.1:$SEQREC_SMOKE_API_PORT" --items "$WORK/items.txt" --times "$TIMES" --stats "$WORK/stats.tsv" \
         --project "$COMPOSE_PROJECT_NAME" \
         --image-size "$(awk '{ print $2 }' "$WORK/image-size")" --base "$BASE" --pipeline-config "$SEQREC_PIPELINE_CONFIG" \

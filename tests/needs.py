@@ -9,7 +9,7 @@ from typing import NoReturn
 
 import pytest
 
-from offline.bench.processes import listening
+from offline.bench.lib.processes import listening
 
 
 def missing(reason: str) -> NoReturn:

@@ -297,11 +297,11 @@ def _deferred(module: str, function: str) -> Callable[[argparse.Namespace], int]
     return run
 
 
-_run_bench = _deferred("offline.bench.models", "run_bench")
-_run_merge = _deferred("offline.bench.models", "run_merge")
-_run_latency = _deferred("offline.bench.latency", "run_latency")
-_run_serve = _deferred("offline.bench.serve", "run_serve_bench")
-_run_index = _deferred("offline.bench.index", "run_index_bench")
-_run_scale = _deferred("offline.bench.scale", "run_scale")
-_run_parity = _deferred("offline.bench.parity", "run_parity")
-_run_two_stage = _deferred("offline.bench.two_stage", "run_two_stage")
+_run_bench = _deferred("offline.bench.quality.models", "run_bench")
+_run_merge = _deferred("offline.bench.quality.models", "run_merge")
+_run_latency = _deferred("offline.bench.compute.latency", "run_latency")
+_run_serve = _deferred("offline.bench.serve.serve", "run_serve_bench")
+_run_index = _deferred("offline.bench.compute.index", "run_index_bench")
+_run_scale = _deferred("offline.bench.serve.scale", "run_scale")
+_run_parity = _deferred("offline.bench.quality.parity", "run_parity")
+_run_two_stage = _deferred("offline.bench.quality.two_stage", "run_two_stage")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from offline.bench import replicas
+from offline.bench.serve import replicas
 from service.http.settings import Settings
 from tests import needs
 from tests.docker.support import (

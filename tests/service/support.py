@@ -1,5 +1,5 @@
 """Real components for the service tests: a uvicorn process serving the app, a throwaway redis-server,
-free ports, and the tiny bundles the tests serve. The processes are started by `offline.bench.processes`,
+free ports, and the tiny bundles the tests serve. The processes are started by `offline.bench.lib.processes`,
 the same helpers the benches use."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from offline.bench.bad_push import break_bundle
-from offline.bench.processes import RedisProcess, ServerError, UvicornProcess
-from offline.bench.processes import free_port as free_port  # re-exported: the service tests take it from here
-from offline.bench.processes import listening as listening
+from offline.bench.faults.bad_push import break_bundle
+from offline.bench.lib.processes import RedisProcess, ServerError, UvicornProcess
+from offline.bench.lib.processes import free_port as free_port  # re-exported: the service tests take it from here
+from offline.bench.lib.processes import listening as listening
 from offline.cli import main as seqrec
 
 SHARED_REDIS = "redis://127.0.0.1:6379/15"

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from offline.bench.processes import ServerError, UvicornProcess
+from offline.bench.lib.processes import ServerError, UvicornProcess
 from tests.service.support import Server, serving
 
 KEY = "s3cret-key"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from offline.bench.parity import TOLERANCE, compare
+from offline.bench.quality.parity import TOLERANCE, compare
 from offline.cli import main as seqrec
 from offline.data.prepared import load_prepared
 from offline.jobs.evaluate import evaluate_bundle, two_stage_top

@@ -1,4 +1,5 @@
-"""`python -m offline.bench.ceiling` on the served test bundle: FLOP counts, CPU costs and the cores they imply."""
+"""`python -m offline.bench.compute.ceiling` on the served test bundle: FLOP counts, CPU costs and the cores they
+imply."""
 
 import json
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import SeqrecError
-from offline.bench.ceiling import BATCHES, encoder_flop, main
+from offline.bench.compute.ceiling import BATCHES, encoder_flop, main
 from service.system.bundle import load_bundle
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from offline.analysis.predictions import readable_predictions
-from offline.bench import request_times
-from offline.bench.parity import TOLERANCE, compare
+from offline.bench.quality import request_times
+from offline.bench.quality.parity import TOLERANCE, compare
 from offline.cli import main as seqrec
 from offline.data.prepared import load_prepared
 from offline.jobs.evaluate import evaluate_bundle, two_stage_top

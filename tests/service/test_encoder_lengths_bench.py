@@ -1,10 +1,10 @@
-"""`python -m offline.bench.encoder_lengths` on the served test bundle: both encoder paths and both history-cosine
-paths on the same batches."""
+"""`python -m offline.bench.compute.encoder_lengths` on the served test bundle: both encoder paths and both
+history-cosine paths on the same batches."""
 
 import json
 from pathlib import Path
 
-from offline.bench.encoder_lengths import BATCHES, main
+from offline.bench.compute.encoder_lengths import BATCHES, main
 
 
 def test_the_bench_times_both_paths_on_mixed_lengths_and_finds_the_same_values(bundle: Path, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Faults under open-loop load against a real uvicorn process: short runs of the scenarios that
-`offline.bench.redis_faults`, `offline.bench.bad_push` and `offline.bench.soak` run at full length. Redis is a
-redis-server of the test's own, killed with SIGKILL and restarted."""
+`offline.bench.faults.redis_faults`, `offline.bench.faults.bad_push` and `offline.bench.faults.soak` run at full
+length. Redis is a redis-server of the test's own, killed with SIGKILL and restarted."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from common.errors import SeqrecError
-from offline.bench.bad_push import BREAKS, bad_push, broken_copy
-from offline.bench.load import Call, Marks, open_loop
-from offline.bench.payloads import load_catalogue
-from offline.bench.processes import RedisProcess
-from offline.bench.redis_faults import redis_faults
-from offline.bench.soak import soak
+from offline.bench.faults.bad_push import BREAKS, bad_push, broken_copy
+from offline.bench.faults.redis_faults import redis_faults
+from offline.bench.faults.soak import soak
+from offline.bench.lib.load import Call, Marks, open_loop
+from offline.bench.lib.payloads import load_catalogue
+from offline.bench.lib.processes import RedisProcess
 from offline.jobs.versions import switch_current
 from tests import needs
 from tests.service.support import Server, free_port, serving, train_bundle
@@ -142,8 +142,8 @@ def test_broken_copy_leaves_the_source_alone(bundle: Path, tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_soak_one_minute(bundle: Path, tmp_path: Path) -> None:
-    """offline/bench/soak.py in small: one minute in two windows of 30 s (shorter ones hold too few requests for a
-    steady p99); the second window's p99 within 20 % of the first's, RSS within 10 %, no error."""
+    """offline/bench/faults/soak.py in small: one minute in two windows of 30 s (shorter ones hold too few requests
+    for a steady p99); the second window's p99 within 20 % of the first's, RSS within 10 %, no error."""
     with serving(tmp_path / "api", artifacts=str(bundle)) as api:
         assert api.proc is not None
         report = soak(api.url, api.proc.pid, load_catalogue(bundle).tolist(), rate=20, minutes=1, window_s=30,

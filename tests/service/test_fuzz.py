@@ -35,7 +35,7 @@ import httpx
 import pytest
 
 from common.atomic import write_json
-from offline.bench.reliability import Started
+from offline.bench.faults.reliability import Started
 from tests.service.support import Server, serving
 
 KEY = "fuzz-key"

@@ -1,4 +1,4 @@
-"""`python -m offline.bench.latency_split`: an answer's latency split with the service's own timer, the
+"""`python -m offline.bench.serve.latency_split`: an answer's latency split with the service's own timer, the
 percentiles and the slowest requests' composition, and the in-process stage times with and without a gap."""
 
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from offline.bench.latency_split import PARTS, gap_costs, split_answer, split_markdown, summarise_split
-from offline.bench.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
+from offline.bench.serve.latency_split import PARTS, gap_costs, split_answer, split_markdown, summarise_split
 from service.system.bundle import load_bundle
 from service.system.recommend import Query
 

@@ -1,7 +1,7 @@
 """The service answers what the offline pipeline computes, and micro-batching changes no answer.
 
 `test_every_test_user_is_served_as_evaluated` is the whole claim: every test user, repeat targets included, the
-default request over HTTP against the lists and NDCG@10 `seqrec evaluate` counts (`offline.bench.parity`). The
+default request over HTTP against the lists and NDCG@10 `seqrec evaluate` counts (`offline.bench.quality.parity`). The
 score-level tests below check the ranker's scores and retrieval scores on a dozen users whose target is new.
 
 Offline reference of the score-level tests, as `offline.jobs.evaluate.evaluate_bundle` scores the test split:
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from offline.bench.parity import TOLERANCE as NDCG_TOLERANCE
-from offline.bench.parity import compare
+from offline.bench.quality.parity import TOLERANCE as NDCG_TOLERANCE
+from offline.bench.quality.parity import compare
 from offline.data.prepared import load_prepared
 from offline.jobs.evaluate import evaluate_bundle, two_stage_top
 from offline.jobs.rank import user_encoder

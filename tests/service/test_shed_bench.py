@@ -1,4 +1,4 @@
-"""`python -m offline.bench.shed` against a real server: each run's counts add up, and what the client saw
+"""`python -m offline.bench.serve.shed` against a real server: each run's counts add up, and what the client saw
 shed (503) is what the server counted in seqrec_shed_total."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from offline.bench.shed import main as shed
+from offline.bench.serve.shed import main as shed
 
 
 def test_the_shed_bench_counts_what_the_server_shed(bundle: Path, tmp_path: Path) -> None:

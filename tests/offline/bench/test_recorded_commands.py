@@ -12,16 +12,19 @@ from typing import Any
 
 import pytest
 
-from offline.bench import warm_start
+from offline.bench.train import warm_start
 
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results" / "warm-start"
+# the committed records were written before the benches were grouped by what they measure, and keep the module path
+# they ran as: offline.bench.<name>, now offline.bench.train.warm_start and offline.bench.faults.<name>
+RECORDED_AS = "offline.bench"
 
 
 @pytest.mark.parametrize("record", sorted(RESULTS.rglob("results.json")), ids=lambda p: str(p.parent.name))
 def test_a_recorded_warm_start_command_parses(record: Path) -> None:
     command = json.loads(record.read_text())["command"]
     argv = shlex.split(command)
-    assert argv[:3] == ["python", "-m", "offline.bench.warm_start"]
+    assert argv[:3] == ["python", "-m", f"{RECORDED_AS}.warm_start"]
     args = warm_start.parser().parse_args(argv[3:])
     assert len(args.note) >= 2
     assert f"`{command}`" in (record.parent / "results.md").read_text()
@@ -64,8 +67,8 @@ def test_a_reliability_record_holds_what_the_docs_quote_and_its_command_parses(n
     module, keys = RELIABILITY_RECORDS[name]
     record = json.loads((RELIABILITY / name).read_text())
     argv = shlex.split(record["command"])
-    assert argv[:3] == ["python", "-m", f"offline.bench.{module}"]
-    args = importlib.import_module(f"offline.bench.{module}").parser().parse_args(argv[3:])
+    assert argv[:3] == ["python", "-m", f"{RECORDED_AS}.{module}"]
+    args = importlib.import_module(f"offline.bench.faults.{module}").parser().parse_args(argv[3:])
     assert args.out == Path("docs/results/reliability") / name
     assert record["passed"] is True
     for key in keys:

@@ -1,4 +1,4 @@
-"""The benchmark scripts run as `python -m offline.bench.<name>` check --seed as `seqrec`'s commands do."""
+"""The benchmark scripts run as `python -m offline.bench.<group>.<name>` check --seed as `seqrec`'s commands do."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import importlib
 
 import pytest
 
-from offline.bench.reliability import scenario_parser
+from offline.bench.faults.reliability import scenario_parser
 
 
-@pytest.mark.parametrize("module", ["shed", "compiled", "serve_stages", "latency_split", "replicas"])
+@pytest.mark.parametrize("module", ["serve.shed", "compute.compiled", "compute.serve_stages",
+                                    "serve.latency_split", "serve.replicas"])
 @pytest.mark.parametrize(("seed", "message"), [("-1", "must be >= 0, got -1"), (str(2**32), f"must be <= {2**32 - 1}")])
 def test_a_seed_numpy_cannot_take_is_refused_when_parsed(module, seed, message, capsys):
     """Each took any integer and failed later inside numpy (`Seed must be between 0 and 2**32 - 1`)."""
@@ -22,7 +23,7 @@ def test_a_seed_numpy_cannot_take_is_refused_when_parsed(module, seed, message, 
 
 @pytest.mark.parametrize("argv", [["split", "--seed", "-1"], ["evaluate", "--seed", "-1"]])
 def test_the_cold_start_benchmarks_seeds_are_checked(argv, capsys):
-    from offline.bench.cold_start import main
+    from offline.bench.quality.cold_start import main
 
     with pytest.raises(SystemExit) as info:
         main(argv)

@@ -1,5 +1,5 @@
 """kill -9 during training and during publish: `current` stays complete, `--resume` finishes the run
-and reaches the uninterrupted run's validation metric (offline/bench/training_faults.py is the full-size run)."""
+and reaches the uninterrupted run's validation metric (offline/bench/faults/training_faults.py is the full-size run)."""
 
 from __future__ import annotations
 

@@ -128,7 +128,7 @@ def test_warm_start_from_another_catalogue_is_refused(folders: tuple[Path, Path,
 
 def test_cold_start_bench_ranks_the_held_out_items_through_the_catalogue_change(folders: tuple[Path, Path, Path],
                                                                               tmp_path: Path) -> None:
-    from offline.bench.cold_start import main as cold_start
+    from offline.bench.quality.cold_start import main as cold_start
 
     full, held, bundle = folders
     assert cold_start(["evaluate", "--data", str(full), "--split", str(held.parent), "--artifact", str(bundle),

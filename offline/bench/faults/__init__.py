@@ -1,0 +1,1 @@
+"""Faults under load: Redis killed, broken bundles pushed, soaks, training killed, retraining rolled out."""

@@ -1,0 +1,1 @@
+"""Training recipes: losses, schedules, warm starts, and why some runs stall."""
