@@ -19,6 +19,7 @@ import torch
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError
+from common.metrics import ndcg_at
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.evaluation.evaluate import EVAL_KS, summarize
@@ -48,7 +49,6 @@ from ranker.train import (
     group_ranks,
     make_groups,
     merge_groups,
-    ndcg_at,
 )
 from retriever.artifact import RetrieverArtifact, load_artifact, retrieval_rows
 from retriever.repeats import LEGACY_REPEATS
