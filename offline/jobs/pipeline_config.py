@@ -5,7 +5,6 @@ before any stage runs."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from pathlib import Path
@@ -126,9 +125,3 @@ def _relative(base: Path, path: Path) -> Path:
         return path
     from_file = base / path
     return from_file if from_file.exists() or not path.exists() else path.resolve()  # else: relative to the CWD
-
-
-def override_strings(overrides: dict[str, Any]) -> list[str]:
-    """A config's ``section.key: value`` overrides as the command line's ``section.key=value``, each value as
-    YAML reads it back: None as null (its str(), "None", was read as a string: a column named None)."""
-    return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]

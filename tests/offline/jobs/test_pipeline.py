@@ -317,12 +317,11 @@ def test_the_reader_options_a_pipeline_takes_are_the_readers_own() -> None:
 
 def test_overrides_keep_their_yaml_types() -> None:
     """`overrides: {train.grad_clip: null}` failed: the value reached the config as the string 'None'."""
-    from offline.jobs.pipeline import override_strings
-    from retriever.config import load_config
+    from retriever.config import load_config_with
 
     raw = yaml.safe_load("{model.item_features: null, train.grad_clip: null, train.lr: 0.002, train.betas: [0.8, 0.9],"
                          " train.schedule: wsd, model.d_model: 32}")
-    config = load_config(None, override_strings(raw))
+    config = load_config_with(None, raw)
     assert config.model.item_features is None
     assert config.train.grad_clip is None
     assert (config.train.lr, config.train.betas, config.train.schedule) == (0.002, (0.8, 0.9), "wsd")
