@@ -64,9 +64,9 @@ def test_a_pipeline_configs_overrides_are_set_as_typed() -> None:
     assert (config.train.lr, config.train.grad_clip, config.train.betas) == (3e-4, None, (0.8, 0.9))
     with pytest.raises(ConfigError, match=r"override 'lr' must look like section.key \(e.g. train.lr\)"):
         set_values({}, {"lr": 1})
-    with pytest.raises(ConfigError, match="override 'train.lr.x': 'lr' is not a section"):
+    with pytest.raises(ConfigError, match=r"override 'train\.lr\.x': 'lr' is not a section"):
         set_values({"train": {"lr": 1.0}}, {"train.lr.x": 1})
-    with pytest.raises(ConfigError, match="defaults: .*train.typo"):
+    with pytest.raises(ConfigError, match=r"defaults: .*train\.typo"):
         load_config_with(None, {"train.typo": 1})
 
 
