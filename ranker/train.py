@@ -19,6 +19,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from common.errors import SeqrecError
+from common.metrics import ndcg_at
 from ranker.config import MLPConfig
 from ranker.cooc import CoocTable, cooc_top, recent_items, union
 from ranker.extras import Extras
@@ -171,11 +172,6 @@ def retriever_ranks(groups: Groups, n_items: int) -> np.ndarray:
     target = scores[torch.arange(len(label)), torch.from_numpy(np.maximum(label, 0))]
     ranks = (scores >= target[:, None]).sum(1).numpy()
     return np.where(hit, ranks, n_items + 1)
-
-
-def ndcg_at(ranks: np.ndarray, k: int = 10) -> float:
-    gains = np.where(ranks <= k, 1.0 / np.log2(ranks + 1.0), 0.0)
-    return float(gains.mean()) if len(ranks) else 0.0
 
 
 def id_drop(shape: tuple[int, ...], p: float, generator: torch.Generator) -> Tensor | None:

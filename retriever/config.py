@@ -1,4 +1,4 @@
-"""The one run config: YAML file -> dotted CLI overrides -> validated -> stored in the artifact.
+"""The one run config: YAML file -> dotted overrides (CLI or pipeline config) -> validated -> stored in the artifact.
 
     model:  backbone name, similarity, temperature, and the backbone's own options
     loss:   which loss and its options
@@ -131,11 +131,18 @@ class RunConfig(BaseModel):
 
 
 def load_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read YAML (or start from defaults), apply ``section.key=value`` overrides, validate."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        raw = read_yaml(path, "config file")
-    return config_from_dict(apply_overrides(raw, overrides), source=str(path or "defaults"))
+    """Read YAML (or start from defaults), apply ``section.key=value`` overrides (the command line's), validate."""
+    return config_from_dict(apply_overrides(_read_config(path), overrides), source=str(path or "defaults"))
+
+
+def load_config_with(path: Path | None, values: Mapping[str, Any]) -> RunConfig:
+    """Read YAML (or start from defaults), set ``{"section.key": value}`` (a pipeline config's ``overrides:``, the
+    values as its YAML typed them), validate."""
+    return config_from_dict(set_values(_read_config(path), values), source=str(path or "defaults"))
+
+
+def _read_config(path: Path | None) -> dict[str, Any]:
+    return {} if path is None else read_yaml(path, "config file")
 
 
 class _TwiceGiven(Exception):
@@ -203,16 +210,31 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         key, sep, text = item.partition("=")
         if not sep or not key or "." not in key:
             raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.lr=3e-4)")
-        value = _parse_value(text)
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is not a section")
-            node = child
-        node[leaf] = value
+        _set_key(out, key, _parse_value(text), item)
     return out
+
+
+def set_values(raw: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"train.lr": 0.0003, "model.d_model": 64}`` -> a new nested dict. A string value is read as the command
+    line reads one (`train.lr: 3e-4` is a string to YAML 1.1, and a float here, as `--train.lr 3e-4` is)."""
+    out = copy.deepcopy(dict(raw))
+    for key, value in values.items():
+        if "." not in key:
+            raise ConfigError(f"override {key!r} must look like section.key (e.g. train.lr)")
+        _set_key(out, key, _parse_value(value) if isinstance(value, str) else copy.deepcopy(value), key)
+    return out
+
+
+def _set_key(out: dict[str, Any], key: str, value: Any, shown: str) -> None:
+    """Set the dotted ``key`` of the nested dict ``out`` (``shown``: the override as the user gave it)."""
+    node = out
+    *parents, leaf = key.split(".")
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {shown!r}: {part!r} is not a section")
+        node = child
+    node[leaf] = value
 
 
 def _parse_value(text: str) -> Any:

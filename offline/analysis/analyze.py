@@ -58,7 +58,7 @@ def model_labels(paths: Sequence[Path]) -> list[str]:
 
 
 def load_models(paths: Sequence[Path], data: PreparedDataset) -> dict[str, RetrieverArtifact]:
-    from offline.jobs.train import check_catalogue
+    from offline.evaluation.retriever import check_catalogue
 
     models = {}
     for label, path in zip(model_labels(paths), paths, strict=True):

@@ -9,7 +9,7 @@ from offline.cli.common import SEED, Subparsers
 
 
 def add_prepare_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
-    from offline.data.readers import READERS
+    from offline.data.readers import READER_OPTIONS, READERS
 
     p = sub.add_parser(
         "prepare", parents=[common], help="read a dataset and write the prepared folder",
@@ -29,11 +29,9 @@ def add_prepare_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None
     f.add_argument("--k-core", type=int, default=None, help="iteratively keep users and items with >= K")
     f.add_argument("--min-rating", type=float, default=None, help="drop interactions rated below this")
     t = p.add_argument_group("csv / parquet columns")
-    t.add_argument("--user-col", default="user_id")
-    t.add_argument("--item-col", default="item_id")
-    t.add_argument("--time-col", default="timestamp", help="'' when the file has no clock (row order = time)")
-    t.add_argument("--sep", default=",", help="field separator of CSV files (use '\\t' for TSV)")
-    t.add_argument("--items-path", type=Path, default=None, help="optional item metadata file")
+    for option in READER_OPTIONS:  # declared once, with ReaderOptions
+        t.add_argument(option.flag, type=None if option.kind is str else option.kind, default=option.default,
+                       help=option.help)
     s = p.add_argument_group("synthetic")
     s.add_argument("--n-users", type=int)
     s.add_argument("--n-items", type=int)
@@ -44,7 +42,7 @@ def add_prepare_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None
 
 def _prepare(args: argparse.Namespace) -> int:
     from offline.data.prepare import Filters, prepare_dataset
-    from offline.data.readers import ReaderOptions
+    from offline.data.readers import READER_OPTIONS, ReaderOptions
     from offline.data.readers.tabular import parse_sep
 
     synthetic = {
@@ -52,10 +50,9 @@ def _prepare(args: argparse.Namespace) -> int:
         for name in ("n_users", "n_items", "mean_length", "seed")
         if getattr(args, name) is not None
     }
-    options = ReaderOptions(
-        path=args.path, user_col=args.user_col, item_col=args.item_col, time_col=args.time_col or None,
-        sep=parse_sep(args.sep), items_path=args.items_path, synthetic=synthetic,
-    )
+    flags = {option.name: getattr(args, option.name) for option in READER_OPTIONS}
+    flags.update(time_col=args.time_col or None, sep=parse_sep(args.sep))  # '' and '\\t' as a shell passes them
+    options = ReaderOptions(path=args.path, synthetic=synthetic, **flags)
     filters = Filters(args.min_user_interactions, args.k_core, args.min_rating)
     manifest = prepare_dataset(args.dataset, args.out, options, filters, download=args.download,
                                cache_dir=args.cache_dir, overwrite=args.overwrite)

@@ -55,8 +55,8 @@ def add_mine_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 def _mine(args: argparse.Namespace) -> int:
     from offline.data.prepared import load_prepared
+    from offline.evaluation.retriever import check_catalogue
     from offline.jobs.rank import mine_to
-    from offline.jobs.train import check_catalogue
     from retriever.artifact import load_artifact
 
     set_threads(args.threads)

@@ -205,8 +205,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         print_json({"data": str(args.data), **result})
         return 0
     if args.artifact is not None:
+        from offline.evaluation.retriever import evaluate_artifact
         from offline.jobs.evaluate import served_index_metrics
-        from offline.jobs.train import evaluate_artifact
 
         result = evaluate_artifact(args.artifact, data, ks=ks, use_index=not args.no_index,
                                    batch_size=args.batch_size)

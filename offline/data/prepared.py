@@ -72,6 +72,17 @@ class PreparedDataset:
         return dict(stored) if isinstance(stored, dict) else repeat_shares(self.split())
 
 
+def dataset_fingerprint(data: PreparedDataset) -> dict[str, Any]:
+    """What names the data a model was trained or searched on: the artifact's ``dataset`` and a search's identity."""
+    return {
+        "path": str(data.path),
+        "source": data.manifest.get("source"),
+        "sha256": data.manifest.get("sha256", {}),
+        "users": data.n_users,
+        "items": data.n_items,
+    }
+
+
 def load_prepared(path: str | Path, *, verify: bool = True) -> PreparedDataset:
     """Load a folder written by `seqrec prepare`, checking its checksums first."""
     path = Path(path)

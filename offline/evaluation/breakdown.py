@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.metrics import mean_metrics
 from offline.data.split import LeaveOneOut, Split
 from offline.evaluation.evaluate import chunked_target_ranks
 from retriever.artifact import RetrieverArtifact
@@ -76,12 +77,9 @@ def group_metrics(ranks: np.ndarray, group: np.ndarray, names: Sequence[str], k:
     rows = []
     for g, name in enumerate(names):
         r = ranks[group == g]
-        hit = r <= k
-        rows.append({
-            "group": name, "users": len(r),
-            f"HR@{k}": round(float(hit.mean()), 6) if len(r) else None,
-            f"NDCG@{k}": round(float(np.where(hit, 1.0 / np.log2(r + 1.0), 0.0).mean()), 6) if len(r) else None,
-        })
+        means = mean_metrics(r, (k,))
+        rows.append({"group": name, "users": len(r),
+                     **{key: round(means[key], 6) if len(r) else None for key in (f"HR@{k}", f"NDCG@{k}")}})
     return rows
 
 

@@ -16,9 +16,10 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from common.metrics import mean_metrics
 from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut, Split
-from offline.evaluation.metrics import metrics_from_ranks, pessimistic_ranks
+from offline.evaluation.metrics import pessimistic_ranks
 
 # (B, T) left-padded histories (int64, 0 = padding) -> (B, n_items + 1) scores.
 Scorer = Callable[[Tensor], Tensor]
@@ -187,8 +188,7 @@ def _per_split(data: LeaveOneOut, splits: Sequence[Split], ks: Sequence[int],
 
 
 def summarize(ranks: np.ndarray, ks: Sequence[int] = EVAL_KS) -> dict[str, float]:
-    values = metrics_from_ranks(torch.from_numpy(ranks), ks)
-    return {name: round(float(v.mean()), 6) for name, v in values.items()}
+    return {name: round(value, 6) for name, value in mean_metrics(ranks, ks).items()}
 
 
 def evaluate_splits(

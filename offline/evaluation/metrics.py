@@ -4,6 +4,7 @@ The target is ranked against every item (no sampled negatives). Items the caller
 excludes (the user's history) and the padding column 0 are removed from the ranking;
 the target itself is never removed. An item scoring exactly the target's score ranks
 ahead of it, so a model that scores everything equally gets the worst rank, not the best.
+The metrics of the ranks are common/metrics.py's, shared with the ranker.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-DEFAULT_KS = (1, 5, 10)
-METRIC_NAMES = ("HR", "NDCG", "MRR", "Recall")
+from common.metrics import DEFAULT_KS, mean_metrics
 
 
 def pessimistic_ranks(scores: Tensor, targets: Tensor, exclude: Tensor | None = None) -> Tensor:
@@ -35,29 +35,11 @@ def pessimistic_ranks(scores: Tensor, targets: Tensor, exclude: Tensor | None = 
     return ahead.sum(dim=1, dtype=torch.int32).long() + 1
 
 
-def metrics_from_ranks(ranks: Tensor, ks: Sequence[int] = DEFAULT_KS) -> dict[str, Tensor]:
-    """Per-user metric values (float tensors of shape (B,)) from 1-based ranks.
-
-    With one target per user Recall@k equals HR@k; both are reported so tables from
-    papers that use either name line up.
-    """
-    ranks = ranks.to(torch.float64)
-    out: dict[str, Tensor] = {}
-    for k in ks:
-        hit = (ranks <= k).to(torch.float64)
-        out[f"HR@{k}"] = hit
-        out[f"NDCG@{k}"] = hit / torch.log2(ranks + 1.0)
-        out[f"MRR@{k}"] = hit / ranks
-        out[f"Recall@{k}"] = hit
-    return out
-
-
 def full_ranking_metrics(
     scores: Tensor, targets: Tensor, exclude: Tensor | None = None, ks: Sequence[int] = DEFAULT_KS
 ) -> dict[str, float]:
-    """Means over the batch of HR/NDCG/MRR/Recall at each k (see pessimistic_ranks)."""
-    ranks = pessimistic_ranks(scores, targets, exclude)
-    return {name: float(values.mean()) for name, values in metrics_from_ranks(ranks, ks).items()}
+    """Means over the batch of HR/NDCG/MRR/Recall at each k (see pessimistic_ranks; the metrics: common/metrics.py)."""
+    return mean_metrics(pessimistic_ranks(scores, targets, exclude).cpu().numpy(), ks)
 
 
 def _check(scores: Tensor, targets: Tensor, exclude: Tensor | None) -> None:

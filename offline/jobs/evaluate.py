@@ -15,10 +15,10 @@ import torch
 from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
 from offline.evaluation.evaluate import EVAL_KS, summarize
+from offline.evaluation.retriever import repeat_record
 from offline.evaluation.two_stage import Reranked, rerank_groups
 from offline.jobs.rank import bundle_source, split_sources, unit_user_vectors
 from offline.jobs.tables import has_clock, request_times
-from offline.jobs.train import repeat_record
 from ranker.artifact import RankerArtifact, load_ranker
 from ranker.config import MAX_DEPTH, ranker_default
 from ranker.mining import Encoder, mine
@@ -78,7 +78,7 @@ def evaluate_bundle(bundle: Path, data: PreparedDataset, *, stage: str = "auto",
 def served_index_metrics(bundle: Path, data: PreparedDataset, ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any] | None:
     """The retriever's metrics through the FAISS index as the service retrieves, with the bundle's catalogue journal
     applied (items retired and added through the admin routes); None when the journal holds no change (then
-    `offline.jobs.train.index_metrics` of the artifact is the served figure)."""
+    `offline.evaluation.retriever.index_metrics` of the artifact is the served figure)."""
     changes = read_journal(bundle)
     if not (changes.added or changes.retired):
         return None

@@ -26,7 +26,7 @@ import numpy as np
 
 from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
-from offline.jobs.train import evaluation_rows
+from offline.evaluation.retriever import evaluation_rows
 from ranker.config import HOLDOUT_PER_USER, HOLDOUT_STOP_SHARE
 from retriever.artifact import RetrieverArtifact, load_artifact
 from retriever.config import RunConfig

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from common.atomic import sync, sync_tree, write_json
 from common.errors import SeqrecError
 from common.folders import refuse_seqrec_folder
-from offline.jobs.pipeline_config import PipelineConfig, load_pipeline_config, override_strings
+from offline.jobs.pipeline_config import PipelineConfig, load_pipeline_config
 from offline.jobs.pipeline_runs import Run, StageRecord, drop_stale_runs, new_run, resume_run
 from offline.jobs.versions import CURRENT, VERSIONS, pipeline_lock, prune_versions, switch_current
 from offline.tables import markdown_table
@@ -133,15 +133,14 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
     from offline.jobs.train import train_retriever
     from retriever.artifact import read_manifest
     from retriever.checkpoint import CheckpointMismatch
-    from retriever.config import load_config
+    from retriever.config import load_config_with
 
     init_from = served_bundle(run.folder.parent.parent) if config.warm_start else None
     if config.warm_start and init_from is None:  # the first run of a warm-starting cron job
         log.warning("warm start: %s serves no bundle yet; training from scratch", run.folder.parent.parent / CURRENT)
     extra = config.warm_start_overrides if init_from else {}
     threads_override = {} if threads is None else {"train.threads": threads}
-    overrides = override_strings({**config.overrides, **extra, **threads_override})
-    retriever_config = load_config(config.retriever, overrides)
+    retriever_config = load_config_with(config.retriever, {**config.overrides, **extra, **threads_override})
     if config.tune is not None:  # the search starts from the config and overrides above (offline/tune)
         from offline.tune.study import tuned_config
 

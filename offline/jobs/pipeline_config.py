@@ -5,7 +5,6 @@ before any stage runs."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from pathlib import Path
@@ -14,13 +13,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from common.errors import SeqrecError, validation_message
-from offline.data.readers import check_dataset
+from offline.data.readers import READER_OPTIONS, check_dataset
 from offline.tune.section import TuneSection
 from ranker.config import RankerSection
 from retriever.config import read_yaml
-
-# The reader options a pipeline's `data.reader` may set (`ReaderOptions`' fields), and whether each may be null.
-READER_OPTIONS = {"user_col": False, "item_col": False, "time_col": True, "sep": False, "items_path": True}
 
 
 class _Strict(BaseModel):
@@ -49,12 +45,13 @@ class DataSpec(_Strict):
     @field_validator("reader")
     @classmethod
     def _reader_options(cls, reader: dict[str, Any]) -> dict[str, Any]:  # were internal errors at the prepare stage
-        unknown = sorted(set(reader) - set(READER_OPTIONS))
+        nullable = {option.name: option.nullable for option in READER_OPTIONS}  # may each be null
+        unknown = sorted(set(reader) - set(nullable))
         if unknown:
-            raise ValueError(f"unknown option {unknown[0]!r}; a reader takes {', '.join(READER_OPTIONS)}")
+            raise ValueError(f"unknown option {unknown[0]!r}; a reader takes {', '.join(nullable)}")
         for key, value in reader.items():
-            if not isinstance(value, str) and not (value is None and READER_OPTIONS[key]):
-                raise ValueError(f"{key} must be {'a string or null' if READER_OPTIONS[key] else 'a string'}, "
+            if not isinstance(value, str) and not (value is None and nullable[key]):
+                raise ValueError(f"{key} must be {'a string or null' if nullable[key] else 'a string'}, "
                                  f"got {value!r}")
         if "sep" in reader:
             from offline.data.readers.tabular import check_sep
@@ -126,9 +123,3 @@ def _relative(base: Path, path: Path) -> Path:
         return path
     from_file = base / path
     return from_file if from_file.exists() or not path.exists() else path.resolve()  # else: relative to the CWD
-
-
-def override_strings(overrides: dict[str, Any]) -> list[str]:
-    """A config's ``section.key: value`` overrides as the command line's ``section.key=value``, each value as
-    YAML reads it back: None as null (its str(), "None", was read as a string: a column named None)."""
-    return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]

@@ -19,9 +19,11 @@ import torch
 
 from common.atomic import atomic_write
 from common.errors import SeqrecError
+from common.metrics import ndcg_at
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.evaluation.evaluate import EVAL_KS, summarize
+from offline.evaluation.retriever import check_catalogue
 from offline.jobs.holdout import (
     early_stop_positions,
     holdout_folder,
@@ -29,7 +31,6 @@ from offline.jobs.holdout import (
     without_early_stop_targets,
 )
 from offline.jobs.tables import cooc_table, extra_tables, item_tables, request_times, time_table, with_extras
-from offline.jobs.train import check_catalogue
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
 from ranker.config import HOLDOUT_PER_USER, MAX_DEPTH, MIN_DEPTH, RankerConfig
 from ranker.cooc import CoocTable
@@ -48,7 +49,6 @@ from ranker.train import (
     group_ranks,
     make_groups,
     merge_groups,
-    ndcg_at,
 )
 from retriever.artifact import RetrieverArtifact, load_artifact, retrieval_rows
 from retriever.repeats import LEGACY_REPEATS

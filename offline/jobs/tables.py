@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from common.errors import SeqrecError
+from offline.data.features import item_feature_matrix
 from offline.data.prepared import PreparedDataset
 from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut
-from offline.jobs.train import item_feature_matrix
 from ranker.config import RankerConfig
 from ranker.cooc import CoocTable
 from ranker.extras import TIME_FEATURES, Extras, needs_cooc, needs_time

@@ -34,8 +34,9 @@ from sqlalchemy.engine import URL
 
 from common.errors import SeqrecError, first_line
 from common.redis_url import redact_url
-from offline.data.prepared import PreparedDataset
-from offline.jobs.train import dataset_fingerprint, dense_metrics, evaluation_sample, item_feature_matrix
+from offline.data.features import with_item_features
+from offline.data.prepared import PreparedDataset, dataset_fingerprint
+from offline.evaluation.retriever import dense_metrics, evaluation_sample
 from offline.tune.report import write_report
 from offline.tune.section import Clock, TuneSection
 from offline.tune.space import PARAMS, DataShape, fixed_problems, suggest
@@ -103,13 +104,7 @@ class Budget:
 def with_features(raw: dict[str, Any], data: PreparedDataset, source: str = "trial config"
                   ) -> tuple[RunConfig, torch.Tensor | None]:
     """The run config of ``raw`` and its item-feature matrix, as `seqrec train` builds them."""
-    config = config_from_dict(raw, source=source)
-    if not config.model.item_features:
-        return config, None
-    features, n_features = item_feature_matrix(data, config.model.item_features)
-    full = config.model_dump(mode="json")
-    full["model"].update(n_features=n_features, features_per_item=features.shape[1])
-    return config_from_dict(full, source="config with item features"), torch.from_numpy(features)
+    return with_item_features(config_from_dict(raw, source=source), data)
 
 
 def _reporting(validate: Validate, trial: optuna.Trial, eval_every: int, budget: Budget) -> Validate:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from common.errors import SeqrecError
+from common.metrics import ndcg_at
 from offline.cli import main
 from offline.data.prepared import load_prepared
 from offline.jobs.rank import mine_splits, split_sources, user_encoder
@@ -30,7 +31,6 @@ from ranker.train import (
     fit_mlp_ensemble,
     group_ranks,
     make_groups,
-    ndcg_at,
     retriever_ranks,
 )
 from retriever.artifact import ArtifactError, load_artifact

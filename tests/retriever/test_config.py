@@ -2,7 +2,15 @@ from pathlib import Path
 
 import pytest
 
-from retriever.config import ConfigError, apply_overrides, config_from_dict, load_config, parse_cli_overrides
+from retriever.config import (
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+    load_config_with,
+    parse_cli_overrides,
+    set_values,
+)
 from retriever.repeats import REPEAT_THRESHOLD, resolve_repeats
 
 CONFIGS = sorted(p for p in (Path(__file__).parents[2] / "configs").glob("*/*.yaml")
@@ -38,6 +46,28 @@ def test_overrides_are_typed_and_nested() -> None:
     raw = apply_overrides({"train": {"lr": 1.0}}, ["train.lr=3e-4", "model.d_model=32", "loss.logq=true"])
     assert raw == {"train": {"lr": 3e-4}, "model": {"d_model": 32}, "loss": {"logq": True}}
     assert parse_cli_overrides(["--train.lr", "3e-4", "--model.d_model=32"]) == ["train.lr=3e-4", "model.d_model=32"]
+
+
+def test_a_pipeline_configs_overrides_are_set_as_typed() -> None:
+    """A pipeline config's `overrides:` reach the run config as its YAML typed them, without a trip through
+    `key=value` strings; a string is read as the command line reads one (YAML 1.1 reads 3e-4 as a string)."""
+    values = {"train.lr": "3e-4", "train.grad_clip": None, "train.betas": [0.8, 0.9], "model.item_features": None,
+              "train.schedule": "wsd", "model.d_model": 32, "loss.logq": True}
+    raw = set_values({"train": {"lr": 1.0, "epochs": 2}}, values)
+    assert raw == {"train": {"lr": 3e-4, "epochs": 2, "grad_clip": None, "betas": [0.8, 0.9], "schedule": "wsd"},
+                   "model": {"item_features": None, "d_model": 32}, "loss": {"logq": True}}
+    assert raw == apply_overrides({"train": {"lr": 1.0, "epochs": 2}},
+                                  ["train.lr=3e-4", "train.grad_clip=null", "train.betas=[0.8, 0.9]",
+                                   "model.item_features=null", "train.schedule=wsd", "model.d_model=32",
+                                   "loss.logq=true"])
+    config = load_config_with(None, values)
+    assert (config.train.lr, config.train.grad_clip, config.train.betas) == (3e-4, None, (0.8, 0.9))
+    with pytest.raises(ConfigError, match=r"override 'lr' must look like section.key \(e.g. train.lr\)"):
+        set_values({}, {"lr": 1})
+    with pytest.raises(ConfigError, match=r"override 'train\.lr\.x': 'lr' is not a section"):
+        set_values({"train": {"lr": 1.0}}, {"train.lr.x": 1})
+    with pytest.raises(ConfigError, match=r"defaults: .*train\.typo"):
+        load_config_with(None, {"train.typo": 1})
 
 
 @pytest.mark.parametrize(

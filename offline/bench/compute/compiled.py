@@ -37,8 +37,8 @@ import yaml
 from tqdm import tqdm
 
 from offline.cli.common import SEED
+from offline.data.features import item_feature_matrix
 from offline.data.prepared import PreparedDataset, load_prepared
-from offline.jobs.train import item_feature_matrix
 from offline.tables import markdown_table
 from ranker.compiled import load_mlp, smoke_batches, write_mlp
 from ranker.config import MLPConfig

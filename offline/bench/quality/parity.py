@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import numpy as np
 
+from common.metrics import ndcg_at
 from offline.bench.lib.processes import SERVICE_APP, start_server
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.evaluate import two_stage_top
 from ranker.extras import needs_time
-from ranker.train import ndcg_at
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from tqdm import tqdm
 
 from common.atomic import atomic_write
 from offline.data.prepared import PreparedDataset, load_prepared
+from offline.evaluation.retriever import check_catalogue
 from offline.jobs.rank import split_sources, user_encoder
 from offline.jobs.tables import cooc_table
-from offline.jobs.train import check_catalogue
 from offline.tables import markdown_table
 from ranker.artifact import unit_item_vectors
 from ranker.cooc import CoocTable, cooc_top, recent_items

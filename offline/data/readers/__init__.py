@@ -4,25 +4,64 @@ prepared folder that everything downstream reads."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from common.errors import SeqrecError
 from offline.data.readers.base import RawDataset, drop_duplicate_interactions
 
 
+def _option(help: str | None = None) -> dict[str, Any]:
+    """The metadata that makes a `ReaderOptions` field a `seqrec prepare` flag and a key of a pipeline's
+    `data.reader`."""
+    return {"reader_option": True, "help": help}
+
+
 @dataclass(frozen=True)
 class ReaderOptions:
-    """What a reader may need beyond a path; each reader uses its own fields."""
+    """What a reader may need beyond a path; each reader uses its own fields. The fields with `_option` metadata
+    are declared here alone: READER_OPTIONS, the `seqrec prepare` flags and the pipeline config's `data.reader`
+    keys derive from them."""
 
     path: Path | None = None
-    user_col: str = "user_id"
-    item_col: str = "item_id"
-    time_col: str | None = "timestamp"
-    sep: str = ","
-    items_path: Path | None = None
+    user_col: str = field(default="user_id", metadata=_option())
+    item_col: str = field(default="item_id", metadata=_option())
+    time_col: str | None = field(default="timestamp",
+                                 metadata=_option("'' when the file has no clock (row order = time)"))
+    sep: str = field(default=",", metadata=_option("field separator of CSV files (use '\\t' for TSV)"))
+    items_path: Path | None = field(default=None, metadata=_option("optional item metadata file"))
     synthetic: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ReaderOption:
+    """One reader option: its `ReaderOptions` field, its type (str or Path), whether it may be None (null in a
+    pipeline config), its default and its help (the `seqrec prepare` flag's)."""
+
+    name: str
+    kind: type
+    nullable: bool
+    default: Any
+    help: str | None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _reader_options() -> tuple[ReaderOption, ...]:
+    hints = get_type_hints(ReaderOptions)
+    options = []
+    for f in fields(ReaderOptions):
+        if f.metadata.get("reader_option"):
+            types = get_args(hints[f.name]) or (hints[f.name],)
+            kind = next(t for t in types if t is not type(None))
+            options.append(ReaderOption(f.name, kind, type(None) in types, f.default, f.metadata["help"]))
+    return tuple(options)
+
+
+READER_OPTIONS = _reader_options()
 
 
 def _movielens(variant: str) -> Callable[[ReaderOptions], RawDataset]:

@@ -336,8 +336,8 @@ def test_an_out_inside_a_prepared_dataset_is_refused(prepared: Path, tmp_path: P
 
 
 def test_item_features_from_a_metadata_column(prepared: Path, tmp_path: Path) -> None:
+    from offline.data.features import item_feature_matrix
     from offline.data.prepared import load_prepared
-    from offline.jobs.train import item_feature_matrix
     from retriever.artifact import load_artifact
 
     data = load_prepared(prepared)
@@ -360,7 +360,7 @@ def test_item_features_from_a_metadata_column(prepared: Path, tmp_path: Path) ->
 
 def test_eval_users_validates_and_reports_on_a_fixed_user_sample(prepared: Path, artifact: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture) -> None:
-    from offline.jobs.train import dense_metrics, evaluation_sample
+    from offline.evaluation.retriever import dense_metrics, evaluation_sample
     from retriever.artifact import load_artifact
 
     out = tmp_path / "sampled"

@@ -78,7 +78,7 @@ def test_take_keeps_the_chosen_users_sequences_and_timestamps() -> None:
 
 def test_evaluation_sample_is_fixed_per_seed_and_a_subset_of_the_users() -> None:
     from offline.data.split import leave_one_out
-    from offline.jobs.train import evaluation_sample
+    from offline.evaluation.retriever import evaluation_sample
 
     rng = np.random.default_rng(0)
     rows = [rng.integers(1, 50, rng.integers(3, 9)).tolist() for _ in range(100)]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from offline.cli import main
 from offline.cli.common import shipped_configs
@@ -306,23 +307,39 @@ def test_an_old_pipeline_record_loads_and_writes_back_byte_for_byte() -> None:
     assert RunState.model_validate(old).inputs is None  # --resume matches it on its config alone, as it did
 
 
-def test_the_reader_options_a_pipeline_takes_are_the_readers_own() -> None:
-    from offline.data.readers import ReaderOptions
-    from offline.jobs.pipeline_config import READER_OPTIONS
+def test_the_reader_options_a_pipeline_and_prepare_take_are_the_readers_own() -> None:
+    """One declaration (ReaderOptions' fields) gives the pipeline's `data.reader` keys and `seqrec prepare`'s flags."""
+    import argparse
+
+    from offline.cli.seqrec import build_parser
+    from offline.data.readers import READER_OPTIONS, ReaderOptions
+    from offline.jobs.pipeline_config import DataSpec
 
     fields = {f.name: f.type for f in dataclasses.fields(ReaderOptions)}
-    assert list(READER_OPTIONS) == [name for name in fields if name not in ("path", "synthetic")]
-    assert all(READER_OPTIONS[name] == ("None" in str(fields[name])) for name in READER_OPTIONS)
+    assert [o.name for o in READER_OPTIONS] == [name for name in fields if name not in ("path", "synthetic")]
+    assert all(o.nullable == ("None" in str(fields[o.name])) for o in READER_OPTIONS)
+    assert all(o.default == getattr(ReaderOptions(), o.name) for o in READER_OPTIONS)
+    with pytest.raises(ValidationError, match="a reader takes user_col, item_col, time_col, sep, items_path"):
+        DataSpec(dataset="csv", reader={"typo": "x"})
+    with pytest.raises(ValidationError, match="time_col must be a string or null"):
+        DataSpec(dataset="csv", reader={"time_col": 1})
+    DataSpec(dataset="csv", reader={"time_col": None, "items_path": None})
+    with pytest.raises(ValidationError, match="user_col must be a string, got None"):
+        DataSpec(dataset="csv", reader={"user_col": None})
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    group = next(g for g in sub.choices["prepare"]._action_groups if g.title == "csv / parquet columns")
+    assert [(a.option_strings, a.default, a.help) for a in group._group_actions] == [
+        ([o.flag], o.default, o.help) for o in READER_OPTIONS]
+    assert [a.type for a in group._group_actions] == [None, None, None, None, Path]
 
 
 def test_overrides_keep_their_yaml_types() -> None:
     """`overrides: {train.grad_clip: null}` failed: the value reached the config as the string 'None'."""
-    from offline.jobs.pipeline import override_strings
-    from retriever.config import load_config
+    from retriever.config import load_config_with
 
     raw = yaml.safe_load("{model.item_features: null, train.grad_clip: null, train.lr: 0.002, train.betas: [0.8, 0.9],"
                          " train.schedule: wsd, model.d_model: 32}")
-    config = load_config(None, override_strings(raw))
+    config = load_config_with(None, raw)
     assert config.model.item_features is None
     assert config.train.grad_clip is None
     assert (config.train.lr, config.train.betas, config.train.schedule) == (0.002, (0.8, 0.9), "wsd")

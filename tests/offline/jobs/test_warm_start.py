@@ -59,7 +59,7 @@ def test_init_carries_rows_by_external_id_and_leaves_new_items_fresh(folders: tu
     old = load_artifact(bundle, with_index=False)
     config = load_config(None, ["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.max_len=10",
                                 "model.item_features=genres"])
-    from offline.jobs.train import item_feature_matrix
+    from offline.data.features import item_feature_matrix
     from retriever.config import config_from_dict
 
     features, n_features = item_feature_matrix(data, "genres")

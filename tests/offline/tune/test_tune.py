@@ -295,3 +295,14 @@ def test_a_pipeline_pin_outside_the_space_is_named_as_the_config_names_it(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith("seqrec: error: tune.fix d_model=65: not one of ")
+
+
+def test_the_search_imports_no_job() -> None:
+    """`seqrec pipeline` runs a search (offline/tune), and the search imported `offline.jobs.train` back for the
+    retriever's evaluation and data helpers; those live in offline/evaluation and offline/data, below both."""
+    from tests.test_architecture import ROOT, imports
+
+    below_the_jobs = ("offline.tune", "offline.evaluation", "offline.data")
+    found = [i for i in imports(ROOT, ("common", "retriever", "ranker", "service", "offline"))
+             if i.importer.startswith(below_the_jobs) and i.imported.startswith(("offline.jobs", "offline.cli"))]
+    assert not found, "\n".join(map(str, found))

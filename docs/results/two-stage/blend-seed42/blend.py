@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
+from common.metrics import ndcg_at
 from offline.data.prepared import load_prepared
 from offline.evaluation.two_stage import rerank_groups
 from offline.jobs.evaluate import _retrieved, _system
-from ranker.train import ndcg_at
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
