@@ -70,7 +70,7 @@ def add_demo_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from offline.jobs.pipeline import run_pipeline, summary_table
-    from service.system.bundle import load_bundle
+    from service.system.loader import load_bundle
 
     if not args.no_serve:  # before minutes of training, not after
         check_bindable(args.host, args.port, "--host/--port")

@@ -58,8 +58,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     from service.http.app import create_app
     from service.http.settings import Settings
-    from service.system.bundle import BundleError, resolve_bundle
+    from service.system.bundle import BundleError
     from service.system.catalog import load_served
+    from service.system.loader import resolve_bundle
 
     given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
                                                     "max_batch", "max_wait_ms")}

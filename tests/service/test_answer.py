@@ -19,7 +19,8 @@ from service.http.metrics import Metrics
 from service.http.schemas import RecommendRequest
 from service.http.settings import Settings
 from service.http.store import Event, HistoryStore, MemoryStore
-from service.system.bundle import Bundle, load_bundle
+from service.system.bundle import Bundle
+from service.system.loader import load_bundle
 from service.system.recommend import NeedsCausalModel, Query, recommend_batch
 
 pytestmark = pytest.mark.anyio
