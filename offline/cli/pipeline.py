@@ -85,11 +85,8 @@ def _demo(args: argparse.Namespace) -> int:
           f"-d '{body}'\n  (API docs: http://{args.host}:{args.port}/docs)\n", flush=True)
     if args.no_serve:
         return 0
-    import uvicorn
-
-    from service.http.app import create_app
+    from service.http.server import serve_one
     from service.http.settings import Settings
 
-    settings = Settings(artifacts=args.out, host=args.host, port=args.port, redis_url=None)
-    uvicorn.run(create_app(settings, bundle=bundle), host=args.host, port=args.port, log_level="info")
+    serve_one(Settings(artifacts=args.out, host=args.host, port=args.port, redis_url=None, log_level="info"), bundle)
     return 0
