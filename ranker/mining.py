@@ -1,4 +1,4 @@
-"""Hard-negative mining: the retriever's top-N for the history before each target.
+"""Hard-negative mining's record: the retriever's top-N for the history before each target.
 
 A group is one (history, target) pair: the candidates are what the served retriever
 returns for that history (FAISS index, under the bundle's repeat policy: the whole history
@@ -11,25 +11,18 @@ positions only (each user's last few training targets); the validation target's 
 drives the ranker's early stopping and the test target's group is its final evaluation.
 
 Histories are given as slices of one flat item array (``items[start:end]``), so a group
-costs two integers, not a copy of its history.
+costs two integers, not a copy of its history. The search itself is the served system's
+(`offline.jobs.mine.mine`, through `service.system.retrieve`); this module holds what the ranker trains on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm import tqdm
-
-from retriever.windows import padded_slices
-
-# (B, T) left-padded histories -> (B, D) unit user vectors for the index.
-Encoder = Callable[[Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -41,6 +34,9 @@ class Mined:
     target: np.ndarray  # (G,) internal id
     candidates: np.ndarray  # (G, N) internal ids, best first; 0 = empty slot
     scores: np.ndarray  # (G, N) float32 cosine scores; 0 in empty slots
+    # (G, D) the unit user vectors the groups were searched with (not saved: `offline.jobs.mine.with_user_vectors`
+    # computes them again for groups loaded from disk); None until then
+    user: Tensor | None = field(default=None, compare=False)
 
     def __len__(self) -> int:
         return len(self.target)
@@ -60,7 +56,8 @@ class Mined:
         return float((self.label >= 0).mean()) if len(self) else 0.0
 
     def subset(self, rows: np.ndarray) -> Mined:
-        return Mined(self.start[rows], self.end[rows], self.target[rows], self.candidates[rows], self.scores[rows])
+        return Mined(self.start[rows], self.end[rows], self.target[rows], self.candidates[rows], self.scores[rows],
+                     None if self.user is None else self.user[torch.as_tensor(rows)])
 
     def save(self, path: Path) -> None:
         with path.open("wb") as handle:
@@ -87,47 +84,3 @@ def training_groups(offsets: np.ndarray, per_user: int, min_history: int = 1) ->
         target_pos.append(pos[ok])
         history_start.append(starts[ok])
     return np.concatenate(history_start).astype(np.int64), np.concatenate(target_pos).astype(np.int64)
-
-
-def mine(
-    encode: Encoder,
-    index: Any,
-    items: np.ndarray,
-    start: np.ndarray,
-    end: np.ndarray,
-    target: np.ndarray,
-    *,
-    depth: int,
-    max_len: int,
-    batch_size: int = 512,
-    exclude_seen: bool = True,
-    banned: np.ndarray | None = None,
-    desc: str = "mine",
-) -> Mined:
-    """Top-``depth`` index candidates for every history items[start:end].
-
-    exclude_seen: the whole history is excluded, a repeat target included (as in evaluation and
-    as the service does with ``exclude_seen``); otherwise nothing is. Index row r is internal
-    item r + 1. banned: internal ids never to return whatever the history (the catalogue's retired items, as the
-    service excludes them).
-    """
-    from retriever.index import search
-
-    n = len(target)
-    banned_rows = np.zeros(0, dtype=np.int64) if banned is None else np.asarray(banned, dtype=np.int64) - 1
-    candidates = np.zeros((n, depth), dtype=np.int64)
-    scores = np.zeros((n, depth), dtype=np.float32)
-    order = np.argsort(end - start, kind="stable")  # similar lengths per batch: less padding
-    with torch.inference_mode():
-        for lo in tqdm(range(0, n, batch_size), desc=desc, unit="batch", disable=None, leave=False):
-            rows = order[lo : lo + batch_size]
-            queries = encode(torch.from_numpy(padded_slices(items, start[rows], end[rows], max_len)))
-            exclude = [items[s:e] - 1 if exclude_seen else items[s:s] for s, e in zip(start[rows], end[rows],
-                                                                                        strict=True)]
-            if len(banned_rows):
-                exclude = [np.union1d(seen, banned_rows) for seen in exclude]
-            found_scores, found = search(index, queries.float().cpu().numpy(), depth, exclude=exclude)
-            width = found.shape[1]
-            candidates[rows, :width] = np.where(found >= 0, found + 1, 0)
-            scores[rows, :width] = np.where(found >= 0, found_scores, 0.0)
-    return Mined(start.astype(np.int64), end.astype(np.int64), target.astype(np.int64), candidates, scores)

@@ -21,11 +21,10 @@ from tqdm import tqdm
 from common.errors import SeqrecError
 from common.metrics import ndcg_at
 from ranker.config import MLPConfig
-from ranker.cooc import CoocTable, cooc_top, recent_items, union
 from ranker.extras import Extras
 from ranker.features import FeatureBatch, TorchTables, compute_features, standardize_stats
 from ranker.lgbm import LGBMRanker, fit_lgbm
-from ranker.mining import Encoder, Mined
+from ranker.mining import Mined
 from ranker.mlp import MLPRanker, group_loss
 from retriever.windows import padded_slices
 
@@ -73,56 +72,31 @@ class Groups:
                       None if self.last_event is None else self.last_event[rows])
 
 
-def make_groups(mined: Mined, items: np.ndarray, encode: Encoder, max_len: int, batch_size: int = 1024, *,
-                at: np.ndarray | None = None, last_event: np.ndarray | None = None) -> Groups:
-    history = padded_slices(items, mined.start, mined.end, max_len)
-    users = []
-    with torch.inference_mode():
-        for lo in range(0, len(history), batch_size):
-            rows = history[lo : lo + batch_size]
-            width = max(int((rows != 0).sum(1).max()), 1)  # trim common left padding
-            users.append(encode(torch.from_numpy(rows[:, -width:])).float())
-    user = torch.cat(users) if users else torch.zeros(0, 1)
-    return Groups(mined, history, user, at, last_event)
+def make_groups(mined: Mined, items: np.ndarray, max_len: int, *, at: np.ndarray | None = None,
+                last_event: np.ndarray | None = None) -> Groups:
+    """Groups of ``mined``, whose user vectors are the ones it was searched with (``mined.user``), over histories
+    items[start:end] left-padded to ``max_len`` (the window the vectors saw)."""
+    if mined.user is None:
+        raise ValueError("the mined groups carry no user vectors (`offline.jobs.mine.with_user_vectors`)")
+    return Groups(mined, padded_slices(items, mined.start, mined.end, max_len), mined.user, at, last_event)
+
+
+def group_inputs(groups: Groups, rows: np.ndarray) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None,
+                                                              Tensor | None]:
+    """The rerank's inputs for ``rows`` of the groups: (b, T') histories (their common left padding trimmed), (b, D)
+    user vectors, (b, N) candidates and their retrieval scores, and the request and newest-event times (or None)."""
+    history = groups.history[rows]
+    width = max(int((history != 0).sum(1).max()), 1) if len(rows) else 1
+    return (torch.from_numpy(history[:, -width:]), groups.user[torch.from_numpy(rows)],
+            torch.from_numpy(groups.mined.candidates[rows]), torch.from_numpy(groups.mined.scores[rows]),
+            None if groups.at is None else torch.from_numpy(groups.at[rows]),
+            None if groups.last_event is None else torch.from_numpy(groups.last_event[rows]))
 
 
 def features(source: FeatureSource, groups: Groups, rows: np.ndarray, id_mask: Tensor | None = None) -> FeatureBatch:
-    history = groups.history[rows]
-    width = max(int((history != 0).sum(1).max()), 1) if len(rows) else 1
-    return compute_features(
-        source.tables, source.item_vectors, torch.from_numpy(history[:, -width:]), groups.user[torch.from_numpy(rows)],
-        torch.from_numpy(groups.mined.candidates[rows]), torch.from_numpy(groups.mined.scores[rows]), id_mask=id_mask,
-        extras=source.extras, at=None if groups.at is None else torch.from_numpy(groups.at[rows]),
-        last_event=None if groups.last_event is None else torch.from_numpy(groups.last_event[rows]),
-    )
-
-
-def merge_groups(groups: Groups, items: np.ndarray, cooc: CoocTable, share: float, item_rows: np.ndarray, *,
-                 exclude_seen: bool, banned: np.ndarray | None = None, batch_size: int = 1024) -> Groups:
-    """The groups with their candidates replaced by the union of the retriever's and the co-occurrence
-    source's lists (`ranker.cooc.union`), at the same depth; the service merges the same way.
-
-    items: the flat array the histories are slices of; the exclusion set is the whole history
-    under ``exclude_seen``, as the retriever's search had it, and ``banned`` (internal ids, the catalogue's retired
-    items) always. item_rows: (n_items + 1, D) the scoring rows
-    (`retriever.artifact.retrieval_rows`) of the retriever that ranked the groups (its user vectors are
-    ``groups.user``).
-    """
-    mined = groups.mined
-    candidates, scores = np.zeros_like(mined.candidates), np.zeros_like(mined.scores)
-    depth = np.full(batch_size, mined.depth)
-    for lo in tqdm(range(0, len(groups), batch_size), desc="merge sources", unit="batch", disable=None, leave=False):
-        rows = np.arange(lo, min(lo + batch_size, len(groups)))
-        exclude = [items[s:e] if exclude_seen else items[s:s] for s, e in zip(mined.start[rows], mined.end[rows],
-                                                                             strict=True)]
-        if banned is not None and len(banned):
-            exclude = [np.union1d(seen, banned) for seen in exclude]
-        found, _ = cooc_top(cooc, recent_items(groups.history[rows], cooc.last), exclude, mined.depth)
-        candidates[rows], scores[rows] = union(mined.candidates[rows], mined.scores[rows], found,
-                                               groups.user[torch.from_numpy(rows)].numpy(), item_rows,
-                                               depth[: len(rows)], share)
-    merged = Mined(mined.start, mined.end, mined.target, candidates, scores)
-    return Groups(merged, groups.history, groups.user, groups.at, groups.last_event)
+    history, user, candidates, scores, at, last_event = group_inputs(groups, rows)
+    return compute_features(source.tables, source.item_vectors, history, user, candidates, scores, id_mask=id_mask,
+                            extras=source.extras, at=at, last_event=last_event)
 
 
 def group_ranks(scorer: Scorer, source: FeatureSource, groups: Groups, n_items: int, *, mask_ids: bool = False,

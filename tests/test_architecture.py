@@ -14,6 +14,9 @@ The rules (docs/ARCHITECTURE.md draws them):
   nothing imports `offline` but `offline` itself (the CLI and the benches live there);
 - the service loads, encodes and scores: nothing it imports, directly or through other modules, is a
   training module (TRAINING_MODULES);
+- the HTTP layer (`service.http`) is the only importer of the web stack (WEB_PACKAGES: FastAPI, uvicorn,
+  starlette), and the offline jobs (OFFLINE_JOBS) reach nothing of it, directly or through other modules: they
+  call the served system as a library (`service.system`);
 - no import cycle between modules;
 - no module over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES lines, except the
   commented entries of the allow-lists below.
@@ -31,10 +34,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("common", "retriever", "ranker", "service", "offline")  # each may import itself and those before it
 # The training loops: the retriever's optimiser loop and its distributed launcher, the ranker's fit, and
-# the hard-negative mining pass that builds the ranker's training groups. The service serves from
+# the ranker's groups, features and losses as it trains on them. The service serves from
 # artifacts and must not pull these in. `retriever.losses` is not here: it holds pure loss functions
 # and the `LossName` type that `retriever.config` (which the artifact loader reads) names.
-TRAINING_MODULES = frozenset({"retriever.train", "retriever.distributed", "ranker.train", "ranker.mining"})
+TRAINING_MODULES = frozenset({"retriever.train", "retriever.distributed", "ranker.train"})
+HTTP_LAYER = "service.http"
+WEB_PACKAGES = frozenset({"fastapi", "uvicorn", "starlette"})
+OFFLINE_JOBS = ("offline.jobs", "offline.evaluation", "offline.data", "offline.tune")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -105,6 +111,23 @@ def imports(root: Path, packages: Sequence[str]) -> list[Import]:
                 if target.split(".")[0] in packages and target != module:
                     found.append(Import(module, target, node.lineno, type_checking))
     return found
+
+
+def external_imports(root: Path, packages: Sequence[str]) -> dict[str, set[str]]:
+    """Module -> the top-level names of what it imports from outside the project (every kind of import statement,
+    TYPE_CHECKING ones included: an annotation naming FastAPI still ties the module to it)."""
+    out: dict[str, set[str]] = {}
+    for module, path in module_files(root, packages).items():
+        for node, _ in _statements(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            out.setdefault(module, set()).update(n.split(".")[0] for n in names if n.split(".")[0] not in packages)
+    return out
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def wrong_way(found: Iterable[Import], layers: Sequence[str]) -> list[Import]:
@@ -265,6 +288,21 @@ def test_the_service_reaches_no_training_module(found):
     assert chains == [], "the service imports a training module:\n" + "\n".join(chains)
 
 
+def test_only_the_http_layer_imports_the_web_stack():
+    importers = sorted(f"{module} imports {', '.join(sorted(names & WEB_PACKAGES))}"
+                       for module, names in external_imports(ROOT, LAYERS).items()
+                       if names & WEB_PACKAGES and not in_package(module, HTTP_LAYER))
+    assert importers == [], f"only {HTTP_LAYER} may import {sorted(WEB_PACKAGES)}:\n" + "\n".join(importers)
+
+
+def test_the_offline_jobs_reach_nothing_of_the_http_layer(found):
+    jobs = [m for m in module_files(ROOT, LAYERS) if any(in_package(m, p) for p in OFFLINE_JOBS)]
+    assert jobs, "an offline job package was renamed: update OFFLINE_JOBS"
+    http = frozenset(m for m in module_files(ROOT, LAYERS) if in_package(m, HTTP_LAYER))
+    chains = [" -> ".join(c) for c in reaches(found, jobs, http)]
+    assert chains == [], f"an offline job imports the HTTP layer ({HTTP_LAYER}):\n" + "\n".join(chains)
+
+
 def test_modules_and_functions_stay_small():
     over = [o for o in oversized(ROOT, LAYERS, MAX_MODULE_LINES, MAX_FUNCTION_LINES)
             if o.where not in ALLOWED_MODULES and o.where not in ALLOWED_FUNCTIONS]
@@ -346,6 +384,16 @@ def test_walker_finds_a_training_module_reached_through_another(tmp_path):
     root = write_tree(tmp_path, {**CLEAN, "low/util.py": "import mid.train\n"})
     found = imports(root, FAKE_LAYERS)
     assert reaches(found, ["top.cli"], frozenset({"mid.train"})) == [["top.cli", "mid.work", "low.util", "mid.train"]]
+
+
+def test_walker_reads_external_imports(tmp_path):
+    root = write_tree(tmp_path, {**CLEAN, "mid/web.py": "import fastapi.routing\nfrom uvicorn import run\n"
+                                                        "from . import helpers\n\n\ndef f() -> None:\n"
+                                                        "    from starlette.requests import Request\n"})
+    found = external_imports(root, FAKE_LAYERS)
+    assert found["mid.web"] == {"fastapi", "uvicorn", "starlette"}
+    assert found["low.core"] == {"os"}  # project modules left out
+    assert found["mid.helpers"] == {"typing"}
 
 
 def test_walker_finds_long_modules_and_functions(tmp_path):

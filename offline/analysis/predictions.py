@@ -20,12 +20,12 @@ from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
 from offline.jobs.evaluate import with_served_sources
-from offline.jobs.rank import user_encoder
+from offline.jobs.mine import mine
 from offline.jobs.tables import META_COLUMNS, request_times
 from ranker.artifact import load_ranker, unit_item_vectors
-from ranker.mining import mine
 from ranker.train import FeatureSource, features, make_groups
 from retriever.artifact import RetrieverArtifact
+from service.system.loader import served_encoder
 
 
 def item_metadata(data: PreparedDataset) -> tuple[str | None, list[list[str]]]:
@@ -72,7 +72,7 @@ def top_k(artifact: RetrieverArtifact, split: LeaveOneOut, rows: np.ndarray, k: 
     ranker = load_ranker(artifact.path, artifact.manifest)
     depth = max(k, ranker.depth) if ranker is not None else k
     inputs = split.inputs("test")
-    encode = user_encoder(artifact)
+    encode = served_encoder(artifact, threads=torch.get_num_threads())
     mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1][rows], inputs.offsets[1:][rows],
                  split.test_targets[rows], depth=depth, max_len=artifact.max_len,
                  exclude_seen=artifact.manifest.exclude_seen, desc="predictions")
@@ -82,8 +82,8 @@ def top_k(artifact: RetrieverArtifact, split: LeaveOneOut, rows: np.ndarray, k: 
             vectors = unit_item_vectors(artifact.model.item_vectors().detach())
         source = FeatureSource(ranker.tables.torch(), vectors, ranker.extras)
         at, last_event = request_times(split, "test", mined) if ranker.needs_time else (None, None)
-        groups = with_served_sources(make_groups(mined, inputs.items, encode, artifact.max_len, at=at,
-                                                 last_event=last_event), inputs.items, artifact, ranker, vectors)
+        groups = with_served_sources(make_groups(mined, inputs.items, artifact.max_len, at=at, last_event=last_event),
+                                     inputs.items, artifact, ranker, vectors)
         with torch.inference_mode():
             scores = ranker.ranker.score(features(source, groups, np.arange(len(rows))))  # (U, depth)
         order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k].numpy()

@@ -70,7 +70,7 @@ def add_demo_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from offline.jobs.pipeline import run_pipeline, summary_table
-    from service.system.bundle import load_bundle
+    from service.system.loader import load_bundle
 
     if not args.no_serve:  # before minutes of training, not after
         check_bindable(args.host, args.port, "--host/--port")
@@ -85,11 +85,8 @@ def _demo(args: argparse.Namespace) -> int:
           f"-d '{body}'\n  (API docs: http://{args.host}:{args.port}/docs)\n", flush=True)
     if args.no_serve:
         return 0
-    import uvicorn
-
-    from service.http.app import create_app
+    from service.http.server import serve_one
     from service.http.settings import Settings
 
-    settings = Settings(artifacts=args.out, host=args.host, port=args.port, redis_url=None)
-    uvicorn.run(create_app(settings, bundle=bundle), host=args.host, port=args.port, log_level="info")
+    serve_one(Settings(artifacts=args.out, host=args.host, port=args.port, redis_url=None, log_level="info"), bundle)
     return 0

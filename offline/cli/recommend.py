@@ -56,9 +56,9 @@ def _recommend(args: argparse.Namespace) -> int:
     from offline.data.prepared import load_prepared
     from offline.jobs.recommend import BatchJob, parse_shard, run_batch, select_users
     from service.http.engine import set_threads as set_inference_threads
-    from service.system.bundle import resolve_bundle
     from service.system.catalog import load_served
     from service.system.filters import eligible
+    from service.system.loader import resolve_bundle
 
     shard = parse_shard(args.shard)
     set_threads(args.threads)

@@ -13,11 +13,9 @@ from common.errors import SeqrecError
 from offline.cli.common import Subparsers
 
 if TYPE_CHECKING:
-    import uvicorn
     from pydantic import ValidationError
 
 log = logging.getLogger("seqrec")
-WORKER_APP = "service.http.app:create_app"  # each worker process builds its app from SEQREC_* variables
 
 
 def add_serve_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -53,13 +51,13 @@ def settings_message(err: ValidationError, flags: dict[str, object]) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
     from pydantic import ValidationError
 
-    from service.http.app import create_app
+    from service.http.server import serve_one, serve_workers
     from service.http.settings import Settings
-    from service.system.bundle import BundleError, resolve_bundle
+    from service.system.bundle import BundleError
     from service.system.catalog import load_served
+    from service.system.loader import resolve_bundle
 
     given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
                                                     "max_batch", "max_wait_ms")}
@@ -80,14 +78,12 @@ def _serve(args: argparse.Namespace) -> int:
         raise SeqrecError(str(err)) from None
     log.info("serving %s on http://%s:%d (docs at /docs)", path, settings.host, settings.port)
     if settings.workers == 1:
-        uvicorn.run(create_app(settings, bundle=bundle), host=settings.host, port=settings.port,
-                    log_level=settings.log_level)
+        serve_one(settings, bundle)
         return 0
     del bundle
     for name, value in given.items():  # worker processes read their settings from the environment
         os.environ[f"SEQREC_{name.upper()}"] = str(value)
-    run_workers(uvicorn.Config(WORKER_APP, factory=True, workers=settings.workers, host=settings.host,
-                               port=settings.port, log_level=settings.log_level))
+    serve_workers(settings)
     return 0
 
 
@@ -114,15 +110,3 @@ def check_redis(url: str, prefix: str) -> None:
         raise SeqrecError(f"Redis at {redact_url(url)} refuses this server: {problem} (--redis-url, "
                           "SEQREC_REDIS_URL, SEQREC_REDIS_PREFIX)")
 
-
-def run_workers(config: uvicorn.Config) -> None:
-    """uvicorn's multi-process supervisor, as `uvicorn.run` starts it, but a worker that fails to start is an
-    error: uvicorn stops the other workers and then returns normally, so the command would exit 0 although
-    nothing serves, which a process supervisor reads as a clean stop."""
-    from uvicorn.config import STARTUP_FAILURE
-    from uvicorn.supervisors import Multiprocess
-
-    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
-    supervisor.run()
-    if any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes):
-        raise SeqrecError("a worker failed to start (its error is logged above); nothing is serving")

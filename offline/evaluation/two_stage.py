@@ -1,8 +1,8 @@
 """The second stage over mined groups: each target's rank and each user's top k, from one scoring pass.
 
 `offline.jobs.evaluate.evaluate_bundle` summarises the ranks; `seqrec bench parity` compares the top k with
-what the service returns. Both come from the same scores, ordered as the service orders them
-(`service.system.recommend.recommend_batch`): best score first, ties in retrieval order, empty slots never.
+what the service returns. Both come from the scores and the order the service computes, by the same functions
+(`service.system.rerank.rerank_scores` and `top_k`): best score first, ties in retrieval order, empty slots never.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ranker.train import FeatureSource, Groups, Scorer, features, served_order_ranks
+from ranker.train import FeatureSource, Groups, Scorer, group_inputs, served_order_ranks
+from service.system.rerank import rerank_scores, top_k
 
 
 @dataclass(frozen=True)
@@ -41,20 +42,16 @@ def rerank_groups(scorer: Scorer | None, source: FeatureSource, groups: Groups, 
                 scores = torch.from_numpy(mined.scores[rows]).double()
             else:
                 mask = torch.ones(empty.shape, dtype=torch.bool) if mask_ids else None
-                scores = scorer(features(source, groups, rows, mask)).double()
+                history, user, candidates, retrieval, at, last_event = group_inputs(groups, rows)
+                scores = rerank_scores(scorer, source.tables, source.item_vectors, history, user, candidates,
+                                       retrieval, extras=source.extras, at=at, last_event=last_event,
+                                       id_mask=mask).double()
             scores = scores.masked_fill(empty, -torch.inf)
             hit = label[rows] >= 0
             ranks[rows[hit]] = served_order_ranks(scores, torch.from_numpy(mined.scores[rows]).double(),
                                                 torch.from_numpy(np.maximum(label[rows], 0)))[hit]
-            top[rows] = _best(scores.numpy(), mined.candidates[rows], k)
+            for i, row, ids in zip(rows, scores.numpy(), mined.candidates[rows], strict=True):
+                order = top_k(row, ids, k)
+                top[i, : len(order)] = ids[order]
     return Reranked(ranks, top)
 
-
-def _best(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
-    """(b, k) the candidates of the k highest scores, ties in retrieval order (a stable sort), 0 after the last."""
-    out = np.zeros((len(scores), k), dtype=np.int64)
-    for i, (row, ids) in enumerate(zip(scores, candidates, strict=True)):
-        keep = np.flatnonzero(ids > 0)
-        order = keep[np.argsort(-row[keep], kind="stable")][:k]
-        out[i, : len(order)] = ids[order]
-    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +18,22 @@ from offline.data.prepared import PreparedDataset
 from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.evaluation.retriever import repeat_record
 from offline.evaluation.two_stage import Reranked, rerank_groups
-from offline.jobs.rank import bundle_source, split_sources, unit_user_vectors
+from offline.jobs.mine import merge_groups, mine
+from offline.jobs.rank import bundle_source, split_sources
 from offline.jobs.tables import has_clock, request_times
 from ranker.artifact import RankerArtifact, load_ranker
 from ranker.config import MAX_DEPTH, ranker_default
-from ranker.mining import Encoder, mine
 from ranker.train import (
     FeatureSource,
     Groups,
     UnrankableScores,
     make_groups,
-    merge_groups,
     retriever_ranks,
 )
 from retriever.artifact import RetrieverArtifact, retrieval_rows
-from service.system.bundle import compile_stages
 from service.system.catalog import load_served, pending, read_journal
+from service.system.encode import RawEncoder, raw_user_vectors
+from service.system.loader import compile_stages
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class _System:
     source: FeatureSource
     stage: str
     depth: int
-    encode: Encoder  # the served user encoder (compiled where the service compiles it)
+    encode: RawEncoder  # the served user encoder (compiled where the service compiles it)
     n_items: int  # the served catalogue: the trained items and those added since with a vector
     banned: np.ndarray  # internal ids the service never returns: the catalogue's retired items
     catalogue: dict[str, int]  # the journal's changes as applied ({} without any)
@@ -137,7 +138,7 @@ def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) 
     # through ONNX Runtime and LightGBM's trees through lleaves, wherever the service would use them.
     served = ranker_artifact if stage == "two-stage" else None
     encoder, served, _ = compile_stages(bundle, artifact, served, "auto", threads=torch.get_num_threads())
-    encode = unit_user_vectors(artifact, encoder)
+    encode = partial(raw_user_vectors, artifact.model, encoder)
     none = np.zeros(0, dtype=np.int64)
     if stage == "two-stage":
         assert served is not None
@@ -151,7 +152,7 @@ def _served_system(bundle: Path, stage: str, depth: int, source: FeatureSource) 
     source), added items with a vector in the index and the ranker's tables, the encoder eager once any is."""
     served = load_served(bundle, inference="auto", threads=torch.get_num_threads())
     artifact, ranker = served.artifact, served.ranker if stage == "two-stage" else None
-    encode = unit_user_vectors(artifact, served.compiled_encoder)
+    encode = served.encode
     banned = np.array(sorted(served.retired), dtype=np.int64)
     assert served.base is not None  # a journal with changes was applied
     catalogue = {"retired": len(banned), "added": artifact.n_items - served.base.n_items,
@@ -182,7 +183,7 @@ def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) 
             raise SeqrecError(f"{data.path} has no timestamps; the ranker reads request-time features")
         at, last_event = request_times(split, name, mined) if timed else (None, None)  # as a served request's
         groups[name] = with_served_sources(
-            make_groups(mined, sources[name], encode, artifact.max_len, at=at, last_event=last_event),
+            make_groups(mined, sources[name], artifact.max_len, at=at, last_event=last_event),
             sources[name], artifact, system.ranker, system.source.item_vectors, banned=system.banned)
     return groups
 

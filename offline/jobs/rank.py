@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,13 @@ from offline.jobs.holdout import (
     train_holdout_retriever,
     without_early_stop_targets,
 )
+from offline.jobs.mine import merge_groups, mine, with_user_vectors
 from offline.jobs.tables import cooc_table, extra_tables, item_tables, request_times, time_table, with_extras
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
 from ranker.config import HOLDOUT_PER_USER, MAX_DEPTH, MIN_DEPTH, RankerConfig
 from ranker.cooc import CoocTable
 from ranker.extras import check_names
-from ranker.mining import Encoder, Mined, mine, training_groups
+from ranker.mining import Mined, training_groups
 from ranker.times import TimeTable
 from ranker.train import (
     FeatureSource,
@@ -48,39 +48,16 @@ from ranker.train import (
     fit_mlp_ensemble,
     group_ranks,
     make_groups,
-    merge_groups,
 )
 from retriever.artifact import RetrieverArtifact, load_artifact, retrieval_rows
 from retriever.repeats import LEGACY_REPEATS
+from service.system.encode import RawEncoder
+from service.system.loader import compile_ranker, served_encoder
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
 RANKER_NAMES = {"mlp": "MLP", "lgbm": "LightGBM"}  # as messages name them
-RawEncoder = Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, D) float32, not normalised
-
-
-def user_encoder(artifact: RetrieverArtifact) -> Encoder:
-    """(B, T) histories -> (B, D) unit user vectors, as the service computes them with its default
-    ``SEQREC_INFERENCE=auto``: through the artifact's compiled encoder when it compiles and matches eager,
-    else eagerly (`service.system.bundle.compile_stages`, the service's own choice, not a copy of it)."""
-    from service.system.bundle import compile_stages
-
-    return unit_user_vectors(artifact, compile_stages(artifact.path, artifact, None, "auto",
-                                                      threads=torch.get_num_threads())[0])
-
-
-def unit_user_vectors(artifact: RetrieverArtifact, served: RawEncoder | None) -> Encoder:
-    """``served`` (the compiled encoder, or None for the eager model) with its vectors normalised."""
-    model = artifact.model
-
-    def encode(history: torch.Tensor) -> torch.Tensor:
-        if served is not None:
-            return torch.nn.functional.normalize(served(history).float(), dim=-1)
-        with torch.no_grad():
-            return torch.nn.functional.normalize(model.user_vectors(history).float(), dim=-1)
-
-    return encode
 
 
 def split_sources(split: LeaveOneOut) -> dict[str, np.ndarray]:
@@ -113,8 +90,8 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: Rank
         "valid": (split.train.items, split.train.offsets[:-1], split.train.offsets[1:], split.valid_targets),
         "test": (test_inputs.items, test_inputs.offsets[:-1], test_inputs.offsets[1:], split.test_targets),
     }
-    encode = user_encoder(artifact)  # each retriever's encoder compiled once
-    train_miner, train_encode = (artifact, encode) if holdout is None else (holdout, user_encoder(holdout))
+    encode = _encoder(artifact)  # each retriever's encoder compiled once
+    train_miner, train_encode = (artifact, encode) if holdout is None else (holdout, _encoder(holdout))
     out = {}
     for name, (items, start, end, target) in plans.items():
         miner, miner_encode = (train_miner, train_encode) if name == "train" else (artifact, encode)
@@ -123,6 +100,11 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: Rank
                          exclude_seen=artifact.manifest.exclude_seen, desc=f"mine {name}")
         log.info("mined %s: %d groups, retriever recall@%d %.4f", name, len(out[name]), depth, out[name].recall())
     return out
+
+
+def _encoder(artifact: RetrieverArtifact) -> RawEncoder:
+    """The artifact's user encoder as the service runs it (`service.system.loader.served_encoder`)."""
+    return served_encoder(artifact, threads=torch.get_num_threads())
 
 
 def _per_user(config: RankerConfig, holdout: RetrieverArtifact | None) -> int:
@@ -270,10 +252,9 @@ def _selection_ndcg(name: str, scorer: Any, source: FeatureSource, valid: Groups
 
 def served_scorer(ranker: Ranker) -> Any:
     """``ranker.score`` as the service computes it by default (``SEQREC_INFERENCE=auto``,
-    `service.system.bundle.compile_ranker`): compiled where it compiles and matches, else eager; so the figures
+    `service.system.loader.compile_ranker`): compiled where it compiles and matches, else eager; so the figures
     written with the ranker are the served ones, not ones a near-tie away from them."""
     from retriever.compiled import ExportRefused
-    from service.system.bundle import compile_ranker
 
     try:
         return compile_ranker(ranker, None, torch.get_num_threads())[0].score
@@ -346,7 +327,6 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
     """
     split = data.split()
     sources = split_sources(split)
-    encode = user_encoder(artifact)
     drop = _per_user(config, miner)
     train_cooc = None if cooc is None else cooc_table(data, split, drop_last=drop)
     train_times = None if times is None else time_table(data, split, drop_last=drop)
@@ -355,13 +335,12 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
     train_source = with_extras(FeatureSource(item_tables(data, split, drop_last=drop).torch(),
                                              unit_item_vectors(trainer.model.item_vectors().detach())),
                                config, train_cooc, train_times)
-
-    def timed(name: str, encoder: Encoder, max_len: int) -> Groups:
+    mined = _with_user_vectors(mined, sources, artifact, trainer)
+    groups = {}
+    for name in [*(n for n in mined if n != "train"), "train"]:  # the order the manifest's records list them in
         at, last_event = request_times(split, name, mined[name]) if times is not None else (None, None)
-        return make_groups(mined[name], sources[name], encoder, max_len, at=at, last_event=last_event)
-
-    groups = {n: timed(n, encode, artifact.max_len) for n in mined if n != "train"}
-    groups["train"] = timed("train", encode if trainer is artifact else user_encoder(trainer), trainer.max_len)
+        max_len = trainer.max_len if name == "train" else artifact.max_len
+        groups[name] = make_groups(mined[name], sources[name], max_len, at=at, last_event=last_event)
     if config.cooc_source:
         rows = retrieval_rows(artifact.model, source.item_vectors)
         train_rows = rows if trainer is artifact else retrieval_rows(trainer.model, train_source.item_vectors)
@@ -371,6 +350,22 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
             groups[name] = merge_groups(g, sources[name], table, config.cooc_share, item_rows,
                                         exclude_seen=artifact.manifest.exclude_seen)
     return groups, source, train_source
+
+
+def _with_user_vectors(mined: dict[str, Mined], sources: dict[str, np.ndarray], artifact: RetrieverArtifact,
+                       trainer: RetrieverArtifact) -> dict[str, Mined]:
+    """The groups with the user vectors they were mined with: groups loaded from disk (`load_mined`) get them again
+    from the retriever that mined them (``trainer`` for the training groups)."""
+    encoders: dict[Path, RawEncoder] = {}
+    out = {}
+    for name, groups in mined.items():
+        miner = trainer if name == "train" else artifact
+        if groups.user is None:
+            if miner.path not in encoders:  # each retriever's encoder compiled once
+                encoders[miner.path] = _encoder(miner)
+            groups = with_user_vectors(groups, encoders[miner.path], sources[name], miner.max_len)
+        out[name] = groups
+    return out
 
 
 def _fit(name: str, artifact: RetrieverArtifact, data: PreparedDataset, source: FeatureSource,

@@ -39,8 +39,9 @@ from service.http.routes import admin, catalog, events, health, history, items, 
 from service.http.schemas import UNAUTHORIZED
 from service.http.settings import Settings
 from service.http.store import ForeignHistory, StoreUnavailable, make_store
-from service.system.bundle import Bundle, resolve_bundle
+from service.system.bundle import Bundle
 from service.system.catalog import load_served
+from service.system.loader import resolve_bundle
 
 log = logging.getLogger("seqrec.service")
 # In the order the routes are matched and documented; `KEYED` need the API key when the service has one (the

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
-from service.system.bundle import Bundle, Inference
+from service.system.bundle import Bundle
 from service.system.catalog import load_served
+from service.system.loader import Inference
 from service.system.recommend import Query, Result, recommend_batch
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class Overloaded(Exception):
     """The queue already holds ``max_queue`` requests: this one is refused at once (the route answers 503)."""
 
 
-_Pending = tuple[Query, Bundle, asyncio.Future[Result[Bundle]]]  # a queued request and the bundle its ids belong to
+_Pending = tuple[Query, Bundle, asyncio.Future[Result]]  # a queued request and the bundle its ids belong to
 
 
 class Engine:
@@ -59,7 +60,7 @@ class Engine:
         self.max_queue = max_queue
         self.shed = 0  # requests refused because the queue was full
         self.threads = threads
-        self.inference: Inference = inference  # how reloaded bundles run (service.system.bundle.load_bundle)
+        self.inference: Inference = inference  # how reloaded bundles run (service.system.loader.load_bundle)
         self._queue: asyncio.Queue[_Pending] | None = None
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -84,7 +85,7 @@ class Engine:
                 await runner
         self._inference.shutdown(wait=True, cancel_futures=True)
 
-    async def recommend(self, query: Query, bundle: Bundle | None = None) -> Result[Bundle]:
+    async def recommend(self, query: Query, bundle: Bundle | None = None) -> Result:
         """Answer ``query`` with ``bundle`` (default: the served one), the bundle whose catalogue its internal
         ids come from, even when a reload swaps in another bundle (maybe another catalogue) meanwhile."""
         if self._queue is None:
@@ -92,7 +93,7 @@ class Engine:
         if self._queue.qsize() >= self.max_queue:  # shed load: an answer later than any client waits is no use
             self.shed += 1
             raise Overloaded(f"{self._queue.qsize()} requests already wait for the model (SEQREC_MAX_QUEUE)")
-        future: asyncio.Future[Result[Bundle]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((query, bundle or self.bundle, future))
         return await future
 

@@ -19,8 +19,9 @@ from typing import Any
 
 from ranker.artifact import FOLDER as RANKER_FOLDER
 from service.http.deps import State
-from service.system.bundle import Bundle, BundleError, resolve_bundle
+from service.system.bundle import Bundle, BundleError
 from service.system.catalog import JOURNAL, synced
+from service.system.loader import resolve_bundle
 
 log = logging.getLogger("seqrec.service")
 

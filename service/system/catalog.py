@@ -43,7 +43,8 @@ from ranker.artifact import unit_item_vectors
 from ranker.features import TorchTables
 from retriever.artifact import CATALOGUE, item_matrix
 from retriever.features import feature_rows, feature_vocabulary
-from service.system.bundle import Bundle, BundleError, Inference, load_bundle
+from service.system.bundle import Bundle, BundleError
+from service.system.loader import Inference, load_bundle
 
 JOURNAL = "catalogue_changes.json"
 LOCK = ".catalogue_changes.lock"
@@ -119,7 +120,7 @@ def synced(bundle: Bundle) -> Bundle:
 
 
 def load_served(path: Path, *, inference: Inference = "auto", threads: int = 1) -> Bundle:
-    """`service.system.bundle.load_bundle`, then the bundle's catalogue journal applied: what the service serves."""
+    """`service.system.loader.load_bundle`, then the bundle's catalogue journal applied: what the service serves."""
     base = load_bundle(path, inference=inference, threads=threads)
     changes = read_journal(base.path)
     return apply_changes(base, changes) if changes.added or changes.retired else base

@@ -18,7 +18,7 @@ genres, attributes, year and title, an unknown operator or an operand of the wro
 (`service.http.schemas.Filters` refuses it; `FilterError` here, for callers that skip the schema). Item ids
 unknown to the catalogue in include/exclude are ignored and reported in the response's ``unknown_items``.
 
-`CatalogueFilters` holds per-column lookups built once when a bundle loads (`service.system.bundle`):
+`CatalogueFilters` holds per-column lookups built once when a bundle loads (`service.system.loader`):
 value -> rows for list and text columns, a float array for numbers, so a request's mask costs a few
 vectorised operations. The mask is over index rows (row r = internal id r + 1) and goes to the
 retrieval stage (`retriever.index.filtered`), so candidates are drawn from eligible items only.

@@ -1,10 +1,11 @@
-"""The two-stage recommendation, callable without HTTP: histories -> user vectors -> FAISS top-N ->
-the ranker's features -> ranker scores -> top k.
+"""The two-stage recommendation, callable without HTTP: histories -> user vectors -> FAISS top-N (+ the
+co-occurrence source) -> the ranker's features -> ranker scores -> top k.
 
-`recommend_batch` answers several queries in one forward pass; the engine (`service.http.engine`) feeds it
-micro-batches, `service.system.bundle` runs it once as the smoke query of every bundle it loads, and the parity
-tests call it directly. The features come from the same code as the offline evaluation
-(`ranker.features.compute_features`), so serving and training cannot drift.
+`recommend_batch` answers several queries in one forward pass, composing the steps that mining and the offline
+evaluation call too: the user vector (`service.system.encode`), the exclusion set, the search and the merge of
+sources (`service.system.retrieve`), the rerank and the top k (`service.system.rerank`). The engine
+(`service.http.engine`) feeds it micro-batches, `service.system.loader` runs it once as the smoke query of every
+bundle it loads, and `seqrec recommend` and the parity tests call it directly.
 """
 
 from __future__ import annotations
@@ -13,50 +14,16 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
 
 from common.errors import SeqrecError
-from ranker.artifact import RankerArtifact
-from ranker.cooc import cooc_top, recent_items, union
-from ranker.features import TorchTables, compute_features
-from retriever.artifact import RetrieverArtifact
-from retriever.index import search
-from retriever.index.filtered import search_allowed
 from retriever.windows import padded_slices
-from service.system.cache import UserVectors
-
-
-class Servable(Protocol):
-    """What the two stages read from a bundle; `service.system.bundle.Bundle` is one. A protocol rather than that
-    class, because loading a bundle runs a smoke query through this module."""
-
-    @property
-    def artifact(self) -> RetrieverArtifact: ...
-    @property
-    def ranker(self) -> RankerArtifact | None: ...
-    @property
-    def tables(self) -> TorchTables | None: ...
-    @property
-    def vectors(self) -> torch.Tensor: ...  # (n_items + 1, D) unit item vectors, row 0 = 0
-    @property
-    def index_vectors(self) -> np.ndarray: ...  # (n_items, D) the rows the FAISS index holds
-    @property
-    def retrieval_rows(self) -> np.ndarray: ...  # (n_items + 1, D) the index's rows, row 0 = 0
-    @property
-    def user_cache(self) -> UserVectors: ...
-    @property
-    def max_len(self) -> int: ...
-    @property
-    def n_items(self) -> int: ...
-    def encode(self, history: torch.Tensor) -> torch.Tensor: ...  # (B, T) -> (B, D) float32, not normalised
-    @property
-    def retired(self) -> frozenset[int]: ...  # internal ids never to return (service/system/catalog.py)
-
-
-B = TypeVar("B", bound=Servable)
+from service.system.bundle import Bundle
+from service.system.encode import unit_user_vectors
+from service.system.rerank import rerank_scores, top_k
+from service.system.retrieve import excluded, merge_sources, retrieve
 
 
 @dataclass(frozen=True)
@@ -77,9 +44,9 @@ class Query:
 
 
 @dataclass
-class Result(Generic[B]):
+class Result:
     items: list[tuple[int, float, float]]  # (internal id, score, retrieval score), best first
-    bundle: B  # the bundle that answered (its ids and metadata describe the items)
+    bundle: Bundle  # the bundle that answered (its ids and metadata describe the items)
     reranked: bool
     timing_ms: dict[str, float]
 
@@ -88,7 +55,8 @@ class NeedsCausalModel(SeqrecError):
     """`personalize` asked of a bundle whose encoder reads the whole window (its input holds the targets)."""
 
 
-def recommend_batch(bundle: B, queries: Sequence[Query], *, beta: float = 1e-5, steps: int = 1) -> list[Result[B]]:
+def recommend_batch(bundle: Bundle, queries: Sequence[Query], *, beta: float = 1e-5,
+                    steps: int = 1) -> list[Result]:
     """Retrieve, rerank and cut to k for a batch of queries in one forward pass.
 
     Queries with ``personalize`` get PCRec-simple user vectors (``steps`` gradient steps of rate
@@ -106,9 +74,7 @@ def recommend_batch(bundle: B, queries: Sequence[Query], *, beta: float = 1e-5, 
     timing = {"encode": 1000 * (t1 - t0), "search": 1000 * (t2 - t1), "rerank": 1000 * (t3 - t2)}
     out = []
     for i, q in enumerate(queries):
-        order = np.flatnonzero(candidates[i] > 0)
-        # best first; ties keep the retrieval order (stable), so the order never depends on the batch
-        order = order[np.argsort(-final[i, order], kind="stable")][: q.k]
+        order = top_k(final[i], candidates[i], q.k)
         items = [(int(candidates[i, j]), float(final[i, j]), float(scores[i, j])) for j in order]
         out.append(Result(items, bundle, i in reranked, timing))
     return out
@@ -122,7 +88,7 @@ def _padded_histories(queries: Sequence[Query], max_len: int) -> torch.Tensor:
     return torch.from_numpy(padded_slices(flat, ends - lengths, ends, max_len))
 
 
-def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Query], *, beta: float,
+def _user_vectors(bundle: Bundle, history: torch.Tensor, queries: Sequence[Query], *, beta: float,
                   steps: int) -> torch.Tensor:
     """(B, D) unit user vectors: cached for stored users whose history has not changed, one forward pass for
     the other plain queries, PCRec-simple for the personalised ones."""
@@ -131,16 +97,16 @@ def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Que
               and (v := cache.get(q.user, q.history)) is not None}
     plain = [i for i, q in enumerate(queries) if not q.personalize and i not in cached]
     if len(plain) == len(queries):  # the common case: no row indexing (torch's costs more than the copy it saves)
-        user = bundle.encode(history).clone()
+        user = unit_user_vectors(bundle.encode, history)
     else:
         user = torch.zeros(len(queries), bundle.vectors.shape[1])  # a normal tensor: personalize writes into it
         if plain:
-            user[plain] = bundle.encode(history[plain])
+            user[plain] = unit_user_vectors(bundle.encode, history[plain])
     special = [i for i, q in enumerate(queries) if q.personalize]
     if special:
         model = bundle.artifact.model
-        user[special] = model.personalize(history[special], beta=beta, steps=steps).detach().float()
-    user = torch.nn.functional.normalize(user, dim=-1)
+        user[special] = unit_user_vectors(lambda h: model.personalize(h, beta=beta, steps=steps).detach(),
+                                          history[special])
     for i, vector in cached.items():
         user[i] = vector
     for i in plain:
@@ -149,12 +115,15 @@ def _user_vectors(bundle: Servable, history: torch.Tensor, queries: Sequence[Que
     return user
 
 
-def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
+def _retrieve(bundle: Bundle, user: torch.Tensor, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
     """(B, depth) candidate internal ids (0 = none) and their retrieval scores (-inf = none)."""
     depth = min(max(max(q.candidates, q.k) for q in queries), bundle.n_items)
-    exclude = [_excluded(q, bundle.retired) - 1 for q in queries]
-    scores, rows = _search(bundle, user.numpy(), depth, exclude, queries)
-    candidates = np.where(rows >= 0, rows + 1, 0)
+    exclude = [excluded(q.history, exclude_seen=q.exclude_seen, exclude=q.exclude, retired=bundle.retired)
+               for q in queries]
+    index = bundle.artifact.index
+    assert index is not None  # load_bundle always loads it
+    candidates, scores = retrieve(index, user.numpy(), depth, exclude, allowed=[q.allowed for q in queries],
+                                  index_vectors=bundle.index_vectors)
     for i, q in enumerate(queries):  # each request keeps its own retrieval depth
         n = max(q.candidates, q.k)
         candidates[i, n:] = 0
@@ -162,44 +131,7 @@ def _retrieve(bundle: Servable, user: torch.Tensor, queries: Sequence[Query]) ->
     return candidates, scores
 
 
-def _search(bundle: Servable, user: np.ndarray, depth: int, exclude: list[np.ndarray],
-            queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
-    """FAISS top-depth rows and scores; queries with an allow-list searched per shared list, from it only."""
-    index = bundle.artifact.index
-    assert index is not None  # load_bundle always loads it
-    groups: dict[int, list[int]] = {}
-    for i, q in enumerate(queries):
-        groups.setdefault(0 if q.allowed is None else id(q.allowed), []).append(i)
-    if list(groups) == [0]:
-        return search(index, user, depth, exclude=exclude)
-    scores = np.full((len(queries), depth), -np.inf, dtype=np.float32)
-    rows = np.full((len(queries), depth), -1, dtype=np.int64)
-    for members in groups.values():
-        allowed, wanted = queries[members[0]].allowed, [exclude[i] for i in members]
-        if allowed is None:
-            got = search(index, user[members], depth, exclude=wanted)
-        else:
-            got = search_allowed(index, bundle.index_vectors, user[members], depth, allowed, exclude=wanted)
-        scores[members, : got[0].shape[1]], rows[members, : got[1].shape[1]] = got
-    return scores, rows
-
-
-def _excluded(query: Query, retired: frozenset[int] = frozenset(), *, eligible: bool = False) -> np.ndarray:
-    """The internal ids a query must never get back: its history under exclude_seen, its own exclusions and the
-    catalogue's retired items;
-    with ``eligible``, also every item outside its allow-list (the business filters), for a source that
-    cannot take the allow-list itself."""
-    parts = [np.asarray(query.history if query.exclude_seen else (), dtype=np.int64),
-             np.asarray(query.exclude, dtype=np.int64)]
-    if retired:
-        parts.append(np.fromiter(retired, dtype=np.int64, count=len(retired)))
-    banned = np.unique(np.concatenate(parts))  # sorted, unique
-    if eligible and query.allowed is not None:
-        banned = np.union1d(banned, np.flatnonzero(~query.allowed) + 1)
-    return banned
-
-
-def _second_source(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candidates: np.ndarray,
+def _second_source(bundle: Bundle, history: torch.Tensor, user: torch.Tensor, candidates: np.ndarray,
                    scores: np.ndarray, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
     """The candidates of the rows the ranker scores, merged with the co-occurrence source's list when
     the ranker was trained on that union (`ranker.cooc.union`, as mining and evaluation merge)."""
@@ -212,16 +144,17 @@ def _second_source(bundle: Servable, history: torch.Tensor, user: torch.Tensor, 
     assert ranker.cooc is not None
     assert share is not None
     depth = np.array([min(max(queries[i].candidates, queries[i].k), candidates.shape[1]) for i in rows])
-    found, _ = cooc_top(ranker.cooc, recent_items(history[rows].numpy(), ranker.cooc.last),
-                        [_excluded(queries[i], bundle.retired, eligible=True) for i in rows], int(depth.max()))
-    merged, merged_scores = union(candidates[rows], np.where(candidates[rows] > 0, scores[rows], 0.0), found,
-                                  user[rows].numpy(), bundle.retrieval_rows, depth, share)
+    exclude = [excluded(queries[i].history, exclude_seen=queries[i].exclude_seen, exclude=queries[i].exclude,
+                        retired=bundle.retired, allowed=queries[i].allowed) for i in rows]
+    merged, merged_scores = merge_sources(ranker.cooc, share, history[rows].numpy(), user[rows].numpy(),
+                                          bundle.retrieval_rows, candidates[rows],
+                                          np.where(candidates[rows] > 0, scores[rows], 0.0), depth, exclude)
     candidates[rows] = merged
     scores[rows] = np.where(merged > 0, merged_scores, -np.inf)
     return candidates, scores
 
 
-def _rerank(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candidates: np.ndarray, scores: np.ndarray,
+def _rerank(bundle: Bundle, history: torch.Tensor, user: torch.Tensor, candidates: np.ndarray, scores: np.ndarray,
             queries: Sequence[Query]) -> tuple[np.ndarray, set[int]]:
     """(B, depth) final scores (the retrieval scores where nothing reranks) and the rows the ranker scored."""
     final = scores.astype(np.float64)
@@ -237,11 +170,9 @@ def _rerank(bundle: Servable, history: torch.Tensor, user: torch.Tensor, candida
             at = torch.tensor([now if queries[i].at is None else queries[i].at for i in rerank], dtype=torch.float64)
             last_event = torch.tensor([math.nan if queries[i].last_event is None else queries[i].last_event
                                        for i in rerank], dtype=torch.float64)
-        with torch.inference_mode():
-            cand = candidates[rows]
-            batch = compute_features(bundle.tables, bundle.vectors, history if every else history[rerank],
-                                     user if every else user[rerank], torch.from_numpy(cand),
-                                     torch.from_numpy(np.where(cand > 0, scores[rows], 0.0)),
-                                     extras=bundle.ranker.extras, at=at, last_event=last_event)
-            final[rows] = bundle.ranker.ranker.score(batch).numpy()
+        cand = candidates[rows]
+        final[rows] = rerank_scores(bundle.ranker.ranker.score, bundle.tables, bundle.vectors,
+                                    history if every else history[rerank], user if every else user[rerank],
+                                    torch.from_numpy(cand), torch.from_numpy(np.where(cand > 0, scores[rows], 0.0)),
+                                    extras=bundle.ranker.extras, at=at, last_event=last_event).numpy()
     return final, set(rerank)

@@ -6,6 +6,7 @@ import torch
 
 from offline.data.sequences import Sequences
 from offline.data.split import leave_one_out
+from offline.jobs.mine import mine
 from ranker.features import (
     COLUMN,
     DENSE_FEATURES,
@@ -15,7 +16,7 @@ from ranker.features import (
     ItemTables,
     compute_features,
 )
-from ranker.mining import mine, training_groups
+from ranker.mining import training_groups
 from ranker.train import FeatureSource, features, make_groups
 from retriever.index import IndexSpec, build_index, normalize
 from retriever.windows import length_groups, padded_slices
@@ -176,7 +177,7 @@ def test_offline_batches_and_online_single_requests_give_identical_features() ->
     target = items[np.minimum(end, len(items) - 1)]
     encode = _encode(vectors)
     mined = mine(encode, index, items, start, end, target, depth=6, max_len=5)
-    groups = make_groups(mined, items, encode, max_len=5)
+    groups = make_groups(mined, items, max_len=5)
     offline = features(FeatureSource(tables, vectors), groups, np.arange(len(groups)))
     for g in range(len(groups)):
         history = torch.from_numpy(items[max(start[g], end[g] - 5) : end[g]])[None, :]  # unpadded, as a request

@@ -14,7 +14,7 @@ from common.errors import SeqrecError
 from common.metrics import ndcg_at
 from offline.cli import main
 from offline.data.prepared import load_prepared
-from offline.jobs.rank import mine_splits, split_sources, user_encoder
+from offline.jobs.rank import mine_splits, split_sources
 from offline.jobs.tables import item_tables
 from ranker.artifact import load_ranker, unit_item_vectors, write_ranker
 from ranker.config import MAX_DEPTH, RankerConfig
@@ -43,8 +43,7 @@ def setup(bundle: Path, prepared: Path):  # type: ignore[no-untyped-def]
     artifact = load_artifact(bundle)
     mined = mine_splits(artifact, data, RankerConfig(depth=20, per_user=2))
     sources = split_sources(data.split())
-    encode = user_encoder(artifact)
-    groups = {n: make_groups(m, sources[n], encode, artifact.max_len) for n, m in mined.items()}
+    groups = {n: make_groups(m, sources[n], artifact.max_len) for n, m in mined.items()}
     source = FeatureSource(item_tables(data, data.split()).torch(),
                            unit_item_vectors(artifact.model.item_vectors().detach()))
     return data, artifact, groups, source

@@ -4,6 +4,7 @@ queued, so it never fails the batch it would have joined."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from collections.abc import AsyncIterator
@@ -12,14 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.http.answer import answer
+from service.http.answer import ITEM_FIELDS, _body, _item_body, answer
 from service.http.app import create_app
 from service.http.engine import Engine
 from service.http.metrics import Metrics
-from service.http.schemas import RecommendRequest
+from service.http.schemas import RecommendedItem, RecommendRequest, RecommendResponse
 from service.http.settings import Settings
 from service.http.store import Event, HistoryStore, MemoryStore
-from service.system.bundle import Bundle, load_bundle
+from service.system.bundle import Bundle
+from service.system.loader import METADATA_COLUMNS, load_bundle
 from service.system.recommend import NeedsCausalModel, Query, recommend_batch
 
 pytestmark = pytest.mark.anyio
@@ -44,6 +46,18 @@ async def engine(served: Bundle) -> AsyncIterator[Engine]:
     await engine.start()
     yield engine
     await engine.stop()
+
+
+def test_the_body_builders_take_the_response_models_fields() -> None:
+    """The body is a plain dict written by orjson; its keys come from the response models, whose fields the
+    builders take one for one, and the catalogue's fields are the bundle's metadata columns."""
+    assert tuple(inspect.signature(_body).parameters) == tuple(RecommendResponse.model_fields)
+    assert tuple(inspect.signature(_item_body).parameters) == (*ITEM_FIELDS, "more")
+    assert _item_body("a", 1.0, 0.5, 1, {"title": "t"}) == {"item_id": "a", "score": 1.0, "retrieval_score": 0.5,
+                                                            "rank": 1, "title": "t"}
+    catalogue = tuple(name for name, f in RecommendedItem.model_fields.items() if not f.is_required())
+    assert (*ITEM_FIELDS, *catalogue) == tuple(RecommendedItem.model_fields)
+    assert catalogue == METADATA_COLUMNS
 
 
 async def test_answer_maps_ids_and_runs_both_stages(served: Bundle, engine: Engine) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from common.errors import SeqrecError
 from service.http.store import StoreUnavailable
-from service.system.bundle import BundleError, load_bundle, resolve_bundle
+from service.system.bundle import BundleError
+from service.system.loader import load_bundle, resolve_bundle
 
 
 def test_resolve_prefers_current(bundle: Path, tmp_path: Path) -> None:

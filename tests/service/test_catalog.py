@@ -17,8 +17,8 @@ import torch
 from offline.cli import main as seqrec
 from retriever.artifact import rewrite_index
 from retriever.index import IndexSpec, search
-from service.system.bundle import load_bundle
 from service.system.catalog import JOURNAL, CatalogChanges, apply_changes, load_served
+from service.system.loader import load_bundle
 from tests.service.support import SHARED_REDIS, Server, serving
 
 KEY = "catalogue-test-key"

@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import SeqrecError
 from offline.bench.compute.ceiling import BATCHES, encoder_flop, main
-from service.system.bundle import load_bundle
+from service.system.loader import load_bundle
 
 
 def test_the_encoder_flop_count_grows_with_the_history(bundle: Path) -> None:

@@ -21,7 +21,8 @@ from ranker.lgbm import LGBMRanker
 from retriever.artifact import write_artifact
 from retriever.compiled import ENCODER_FILE, ExportRefused
 from service.http.settings import Settings
-from service.system.bundle import BundleError, load_bundle
+from service.system.bundle import BundleError
+from service.system.loader import load_bundle
 from service.system.recommend import Query, recommend_batch
 from tests.tiny import COMPILED_EAGER, MODEL_CONFIGS, TINY_ITEMS, tiny_config, tiny_retriever
 
@@ -135,7 +136,7 @@ def test_a_forest_that_branches_otherwise_is_refused(bundle: Path) -> None:
 def test_without_lleaves_lightgbm_predicts(bundle: Path, monkeypatch: pytest.MonkeyPatch,
                                            caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setitem(sys.modules, "lleaves", None)  # `import lleaves` raises ImportError
-    with caplog.at_level(logging.INFO, logger="service.system.bundle"):
+    with caplog.at_level(logging.INFO, logger="service.system.loader"):
         loaded = load_bundle(bundle, inference="onnx")  # not a refusal: LightGBM is native code too
     assert loaded.inference == {"encoder": "onnx", "ranker": "lgbm"}
     assert loaded.ranker is not None
@@ -171,7 +172,7 @@ def test_an_encoder_that_did_not_compile_serves_eagerly_or_is_refused_under_onnx
     path = tmp_path / "eager"
     shutil.copytree(bundle, path)
     _drop_compiled(path, {"encoder": "eager", "reason": "the exporter failed: made up for this test"})
-    with caplog.at_level(logging.INFO, logger="service.system.bundle"):
+    with caplog.at_level(logging.INFO, logger="service.system.loader"):
         loaded = load_bundle(path)
     assert loaded.inference["encoder"] == "eager"
     assert loaded.compiled_encoder is None

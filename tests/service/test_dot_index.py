@@ -15,7 +15,7 @@ from retriever.artifact import item_matrix, load_artifact, sha256_file, write_ar
 from retriever.config import config_from_dict
 from retriever.index import IndexSpec, build_index, normalize, save_index
 from retriever.model import Retriever
-from service.system.bundle import load_bundle
+from service.system.loader import load_bundle
 from service.system.recommend import Query, recommend_batch
 
 N_ITEMS = 40
@@ -71,11 +71,11 @@ def test_a_dot_model_with_an_index_of_unit_vectors_is_named_at_load(tmp_path: Pa
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["sha256"]["items.faiss"] = sha256_file(path / "items.faiss")
     (path / "manifest.json").write_text(json.dumps(manifest))
-    with caplog.at_level(logging.WARNING, logger="service.system.bundle"):
+    with caplog.at_level(logging.WARNING, logger="service.system.loader"):
         load_bundle(path, inference="eager")
     assert "seqrec export --artifact" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="service.system.bundle"):
+    with caplog.at_level(logging.WARNING, logger="service.system.loader"):
         load_bundle(_dot_bundle(tmp_path / "fresh"), inference="eager")
     assert "unit vectors" not in caplog.text
 

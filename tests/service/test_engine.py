@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from service.http.engine import Engine, Overloaded
-from service.system.bundle import Bundle, load_bundle
+from service.system.bundle import Bundle
+from service.system.loader import load_bundle
 from service.system.recommend import Query, Result, recommend_batch
 
 pytestmark = pytest.mark.anyio
@@ -55,7 +56,7 @@ async def test_a_request_keeps_the_bundle_it_was_mapped_with(served: Bundle, rel
         await asyncio.sleep(0.01)  # queued; the worker waits for more
         engine.bundle = reloaded  # what a reload does
         after = asyncio.create_task(engine.recommend(QUERIES[1]))
-        results: list[Result[Bundle]] = [await before, await after]
+        results: list[Result] = [await before, await after]
     finally:
         await engine.stop()
     assert results[0].bundle is served
@@ -95,7 +96,7 @@ async def test_a_full_queue_refuses_at_once_and_every_admitted_request_is_answer
     engine = Engine(served, max_batch=1, max_queue=2)
     real = engine._run_batch
 
-    def busy_model(bundle: Bundle, queries: list[Query]) -> list[Result[Bundle]]:
+    def busy_model(bundle: Bundle, queries: list[Query]) -> list[Result]:
         release.wait(30)
         return real(bundle, queries)
 
@@ -128,7 +129,7 @@ async def test_with_two_runners_a_request_starts_while_another_batch_runs(served
     real = engine._run_batch
     overlapped: list[bool] = []
 
-    def model(bundle: Bundle, queries: list[Query]) -> list[Result[Bundle]]:
+    def model(bundle: Bundle, queries: list[Query]) -> list[Result]:
         if queries[0] is QUERIES[0]:
             overlapped.append(second_started.wait(2 if concurrency == 1 else 30))
         else:
@@ -162,7 +163,7 @@ async def test_an_overloaded_service_answers_503_with_retry_after(served: Bundle
     from service.http.app import create_app
     from service.http.settings import Settings
 
-    async def refuse(self: Engine, query: Query, bundle: Bundle | None = None) -> Result[Bundle]:
+    async def refuse(self: Engine, query: Query, bundle: Bundle | None = None) -> Result:
         raise Overloaded("256 requests already wait for the model (SEQREC_MAX_QUEUE)")
 
     monkeypatch.setattr(Engine, "recommend", refuse)

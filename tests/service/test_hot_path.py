@@ -15,8 +15,9 @@ import torch
 
 from service.http.engine import Engine
 from service.http.schemas import RecommendResponse
-from service.system.bundle import Bundle, load_bundle
+from service.system.bundle import Bundle
 from service.system.cache import UserVectors
+from service.system.loader import load_bundle
 from service.system.recommend import Query, recommend_batch
 from tests.service.support import Server
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from retriever.artifact import rewrite_index
 from retriever.index import IndexSpec
-from service.system.bundle import load_bundle
+from service.system.loader import load_bundle
 from service.system.recommend import Query, recommend_batch
 
 

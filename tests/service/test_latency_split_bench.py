@@ -8,7 +8,7 @@ import pytest
 
 from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
 from offline.bench.serve.latency_split import PARTS, gap_costs, split_answer, split_markdown, summarise_split
-from service.system.bundle import load_bundle
+from service.system.loader import load_bundle
 from service.system.recommend import Query
 
 

@@ -5,7 +5,7 @@ default request over HTTP against the lists and NDCG@10 `seqrec evaluate` counts
 score-level tests below check the ranker's scores and retrieval scores on a dozen users whose target is new.
 
 Offline reference of the score-level tests, as `offline.jobs.evaluate.evaluate_bundle` scores the test split:
-`ranker.mining.mine` (index search, history excluded), `ranker.train.make_groups` + `features`, the
+`offline.jobs.mine.mine` (index search, history excluded), `ranker.train.make_groups` + `features`, the
 bundle's ranker `score`; top k by score, ties in retrieval order. The service is checked twice against it:
 `service.system.recommend.recommend_batch` in this process (all users in one batch) and `POST /recommend` over HTTP."""
 
@@ -26,12 +26,12 @@ from offline.bench.quality.parity import TOLERANCE as NDCG_TOLERANCE
 from offline.bench.quality.parity import compare
 from offline.data.prepared import load_prepared
 from offline.jobs.evaluate import evaluate_bundle, two_stage_top
-from offline.jobs.rank import user_encoder
+from offline.jobs.mine import mine
 from ranker.artifact import load_ranker, unit_item_vectors
-from ranker.mining import mine
 from ranker.train import FeatureSource, features, group_ranks, make_groups
 from retriever.artifact import load_artifact
-from service.system.bundle import load_bundle
+from service.system.encode import unit_user_vectors
+from service.system.loader import load_bundle, served_encoder
 from service.system.recommend import Query, recommend_batch
 from tests.service.support import Server, metric_samples
 
@@ -64,10 +64,9 @@ def cases(prepared: Path, bundle: Path) -> list[Case]:
     rows = np.array(sorted({*by_length[: N_USERS // 2], *by_length[-N_USERS // 2 :]}))
     assert (end[rows] - start[rows]).max() > artifact.max_len
 
-    encode = user_encoder(artifact)
-    mined = mine(encode, artifact.index, inputs.items, start[rows], end[rows], targets[rows], depth=DEPTH,
-                 max_len=artifact.max_len)
-    groups = make_groups(mined, inputs.items, encode, artifact.max_len)
+    mined = mine(served_encoder(artifact), artifact.index, inputs.items, start[rows], end[rows], targets[rows],
+                 depth=DEPTH, max_len=artifact.max_len)
+    groups = make_groups(mined, inputs.items, artifact.max_len)
     source = FeatureSource(ranker.tables.torch(), unit_item_vectors(artifact.model.item_vectors().detach()))
     scores = ranker.ranker.score(features(source, groups, np.arange(len(rows)))).double().numpy()
     out = []
@@ -173,12 +172,11 @@ def test_offline_lists_come_from_the_evaluations_ranks(bundle: Path, prepared: P
     ranker = load_ranker(bundle, artifact.manifest)
     assert ranker is not None
     inputs = data.split().inputs("test")
-    encode = user_encoder(artifact)
-    mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:], targets,
-                 depth=ranker.depth, max_len=artifact.max_len)
+    mined = mine(served_encoder(artifact), artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:],
+                 targets, depth=ranker.depth, max_len=artifact.max_len)
     source = FeatureSource(ranker.tables.torch(), unit_item_vectors(artifact.model.item_vectors().detach()))
-    expected = group_ranks(ranker.ranker.score, source, make_groups(mined, inputs.items, encode, artifact.max_len),
-                           data.n_items)
+    groups = make_groups(mined, inputs.items, artifact.max_len)
+    expected = group_ranks(ranker.ranker.score, source, groups, data.n_items)
     assert np.array_equal(reranked.ranks, expected)
     found = (reranked.top == targets[:, None]).any(1)
     assert np.array_equal(found, reranked.ranks <= K)  # the target is in the list exactly when it ranks in the top K
@@ -213,5 +211,5 @@ def test_the_offline_user_vectors_are_the_served_ones_bit_for_bit(bundle: Path, 
     assert served.inference["encoder"] == "onnx"
     histories = load_prepared(prepared).split().inputs("test").padded(np.arange(64), served.max_len)
     history = torch.from_numpy(histories)
-    offline = user_encoder(load_artifact(bundle))(history)
+    offline = unit_user_vectors(served_encoder(load_artifact(bundle)), history)
     assert torch.equal(offline, torch.nn.functional.normalize(served.encode(history), dim=-1))

@@ -192,7 +192,7 @@ def test_the_log_level_is_checked_and_takes_any_case(bundle: Path, capsys: pytes
 
 def test_a_worker_that_fails_to_start_is_an_error() -> None:
     # uvicorn's supervisor stops the other workers and returns normally: exit 0 while nothing serves
-    code = ("import uvicorn; from offline.cli.serve import run_workers; from common.errors import SeqrecError\n"
+    code = ("import uvicorn; from service.http.server import run_workers; from common.errors import SeqrecError\n"
             "try:\n    run_workers(uvicorn.Config('tests.service.failing_app:create_app', factory=True, workers=2, "
             "port=0))\nexcept SeqrecError as err:\n    raise SystemExit(f'error: {err}')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -30,7 +30,7 @@ from offline.data.prepared import load_prepared
 from offline.jobs.recommend import BatchJob, parse_shard, run_batch, select_users
 from offline.tables import markdown_table
 from service.http.engine import set_threads
-from service.system.bundle import load_bundle, resolve_bundle
+from service.system.loader import load_bundle, resolve_bundle
 
 HEAD = ["label", "stage", "users", "batch size", "users/s (wall)", "users per CPU second",
         "reference users per CPU second (batch 1)", "speed-up (CPU)", "seconds", "peak RSS MB", "load avg before/after"]

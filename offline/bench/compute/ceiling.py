@@ -41,7 +41,7 @@ from offline.tables import markdown_table
 from retriever.compiled import ServedEncoder
 from retriever.model import Retriever
 from service.http.engine import set_threads
-from service.system.bundle import load_bundle
+from service.system.loader import load_bundle
 from service.system.query import plan_query
 from service.system.recommend import _padded_histories, recommend_batch
 

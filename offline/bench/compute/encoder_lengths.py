@@ -29,7 +29,7 @@ from offline.tables import markdown_table
 from ranker.features import DENSE_FEATURES, _similarity_block, _similarity_features
 from retriever.compiled import OnnxEncoder
 from service.http.engine import set_threads
-from service.system.bundle import load_bundle
+from service.system.loader import load_bundle
 from service.system.recommend import Query, _padded_histories
 
 BATCHES = (1, 2, 4, 8, 16, 32)

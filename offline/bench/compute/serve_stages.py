@@ -32,7 +32,8 @@ from offline.tables import markdown_table
 from ranker.features import compute_features
 from service.http.engine import set_threads
 from service.http.schemas import ItemId, ItemIds, RecommendResponse
-from service.system.bundle import Bundle, load_bundle
+from service.system.bundle import Bundle
+from service.system.loader import load_bundle
 from service.system.recommend import Query, recommend_batch
 
 

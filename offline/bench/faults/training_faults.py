@@ -51,7 +51,7 @@ def valid_ndcg(artifacts: Path) -> float:
 
 
 def current_ok(artifacts: Path) -> str:
-    from service.system.bundle import load_bundle
+    from service.system.loader import load_bundle
 
     return load_bundle(artifacts / CURRENT).version  # raises on a partial or corrupt bundle
 

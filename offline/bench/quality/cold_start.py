@@ -33,8 +33,9 @@ from offline.data.sequences import Sequences
 from offline.evaluation.evaluate import summarize, target_ranks
 from offline.tables import markdown_table
 from retriever.model import Retriever
-from service.system.bundle import Bundle, load_bundle
+from service.system.bundle import Bundle
 from service.system.catalog import CatalogChanges, apply_changes
+from service.system.loader import load_bundle
 
 KS = (1, 5, 10, 20, 50)
 

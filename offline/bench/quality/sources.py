@@ -18,19 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from common.atomic import atomic_write
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.evaluation.retriever import check_catalogue
-from offline.jobs.rank import split_sources, user_encoder
+from offline.jobs.mine import merge_groups, mine
+from offline.jobs.rank import split_sources
 from offline.jobs.tables import cooc_table
 from offline.tables import markdown_table
 from ranker.artifact import unit_item_vectors
 from ranker.cooc import CoocTable, cooc_top, recent_items
-from ranker.mining import Mined, mine
-from ranker.train import Groups, make_groups, merge_groups
+from ranker.mining import Mined
+from ranker.train import Groups, make_groups
 from retriever.artifact import RetrieverArtifact, load_artifact, retrieval_rows
+from service.system.loader import served_encoder
 
 DEPTHS = (100, 200)
 SHARES = (0.1, 0.25, 0.5)
@@ -55,7 +58,7 @@ def _cooc_lists(groups: Groups, items: np.ndarray, table: CoocTable, depth: int,
 
 def _truncated(groups: Groups, depth: int) -> Groups:
     m = groups.mined
-    return Groups(Mined(m.start, m.end, m.target, m.candidates[:, :depth], m.scores[:, :depth]), groups.history,
+    return Groups(Mined(m.start, m.end, m.target, m.candidates[:, :depth], m.scores[:, :depth], m.user), groups.history,
                   groups.user)
 
 
@@ -65,14 +68,14 @@ def split_recalls(artifact: RetrieverArtifact, data: PreparedDataset, depths: tu
     split = data.split()
     table = cooc_table(data, split)
     vectors = retrieval_rows(artifact.model, unit_item_vectors(artifact.model.item_vectors().detach()))
-    encode, sources = user_encoder(artifact), split_sources(split)
+    encode, sources = served_encoder(artifact, threads=torch.get_num_threads()), split_sources(split)
     exclude_seen = artifact.manifest.exclude_seen
     plans = {"valid": (split.train, split.valid_targets), "test": (split.inputs("test"), split.test_targets)}
     out: dict[str, dict[str, float]] = {}
     for name, (inputs, target) in plans.items():
         mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:], target,
                      depth=max(depths), max_len=artifact.max_len, exclude_seen=exclude_seen, desc=f"retrieve {name}")
-        groups = make_groups(mined, sources[name], encode, artifact.max_len)
+        groups = make_groups(mined, sources[name], artifact.max_len)
         cooc = _cooc_lists(groups, sources[name], table, max(depths), exclude_seen)
         row: dict[str, float] = {}
         for depth in depths:

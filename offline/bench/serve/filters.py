@@ -27,7 +27,8 @@ from offline.bench.lib.load import run_load
 from offline.bench.lib.processes import SERVICE_APP, start_server
 from offline.data.prepared import load_prepared
 from offline.tables import markdown_table
-from service.system.bundle import Bundle, load_bundle, resolve_bundle
+from service.system.bundle import Bundle
+from service.system.loader import load_bundle, resolve_bundle
 
 HEAD = ["label", "index", "filter", "kept share", "rate r/s", "ok / sent", "p50 ms", "p99 ms", "violations",
         "load avg before/after"]

@@ -42,7 +42,8 @@ from offline.bench.lib.processes import SERVICE_APP, start_server_process
 from offline.cli.common import SEED, configure_logging
 from offline.tables import markdown_table
 from service.http.engine import set_threads
-from service.system.bundle import Bundle, load_bundle
+from service.system.bundle import Bundle
+from service.system.loader import load_bundle
 from service.system.recommend import Query, recommend_batch
 
 log = logging.getLogger(__name__)

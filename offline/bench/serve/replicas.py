@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if shutil.which(args.nginx) is None:
         parser.error(f"{args.nginx}: not found; install nginx (Debian: apt-get install -y nginx)")
 
-    from service.system.bundle import resolve_bundle
+    from service.system.loader import resolve_bundle
 
     bundle = resolve_bundle(args.artifacts)
     item_ids = load_catalogue(bundle)

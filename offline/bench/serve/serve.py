@@ -4,7 +4,7 @@ The server runs as its own uvicorn process (`offline.bench.lib.processes`); the 
 (`offline.bench.lib.load`) runs in this one, and `offline.bench.lib.sweeps` steps the offered rate up
 until the service misses p99 <= 50 ms or answers an error.
 
-``noop_app`` is a FastAPI app that parses the same request body and answers a constant: the same
+``service.http.noop.noop_app`` is a FastAPI app that parses the same request body and answers a constant: the same
 client against it gives the ceiling this framework, server and machine reach with no model work.
 """
 
@@ -17,9 +17,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from offline.bench.lib.load import LoadResult, post_json, run_load
 from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
@@ -35,38 +33,7 @@ from offline.bench.lib.sweeps import max_sustained_rate, parse_rates, report_tab
 from offline.bench.serve.serve_check import check_answers
 from offline.tables import markdown_table
 
-if TYPE_CHECKING:
-    from fastapi import FastAPI
-
-NOOP_APP = "offline.bench.serve.serve:noop_app"
-
-
-class NoopRequest(BaseModel):
-    """The service's request body, parsed and validated the same way, then ignored."""
-
-    user_id: str | None = None
-    history: list[str | int] | None = None
-    k: int = Field(10, ge=1, le=1000)
-    candidates: int = Field(200, ge=1)
-    exclude_seen: bool | None = None
-    rerank: bool = True
-
-
-def noop_app() -> FastAPI:
-    """POST /recommend parses the service's request body and answers a constant; GET /readyz."""
-    from fastapi import FastAPI
-
-    app = FastAPI(title="seqrec no-op ceiling")
-
-    @app.post("/recommend")
-    async def recommend(request: NoopRequest) -> dict[str, Any]:
-        return {"items": [], "model_version": "noop", "k": request.k}
-
-    @app.get("/readyz")
-    async def readyz() -> dict[str, str]:
-        return {"status": "ready"}
-
-    return app
+NOOP_APP = "service.http.noop:noop_app"
 
 
 def _measure(args: argparse.Namespace, rates: Sequence[float], label: str, app: str, env: dict[str, str],

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from offline.bench.lib.load import post_json
-from service.system.bundle import Bundle, load_bundle
+from service.system.bundle import Bundle
+from service.system.loader import load_bundle
 from service.system.recommend import Query, recommend_batch
 
 TOLERANCE = 1e-4

@@ -68,7 +68,7 @@ def _watch_disk(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
 
 def test_pipeline_runs_every_stage_and_publishes_atomically(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.system.bundle import load_bundle
+    from service.system.loader import load_bundle
 
     artifacts = tmp_path / "artifacts"
     disk = _watch_disk(monkeypatch)
@@ -239,7 +239,7 @@ def test_a_pipeline_config_is_refused_before_any_folder_is_made(tmp_path: Path, 
 
 def test_a_pipeline_with_extra_ranker_features_publishes_a_bundle_that_serves_them(tmp_path: Path) -> None:
     # As configs/pipeline/beauty.yaml asks; `auto` trains the MLP with them too (its ONNX export once failed).
-    from service.system.bundle import load_bundle
+    from service.system.loader import load_bundle
 
     path = _config(tmp_path, kind="auto")
     config = yaml.safe_load(path.read_text())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.system.bundle import load_bundle
+from service.system.loader import load_bundle
 
 
 def _config(tmp_path: Path, *, epochs: int = 60, seed: int = 5, name: str = "pipeline") -> Path:
