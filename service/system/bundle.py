@@ -24,9 +24,9 @@ import torch
 from common.errors import SeqrecError
 from ranker.artifact import Ranker, RankerArtifact, load_ranker, unit_item_vectors
 from ranker.compiled import load_lgbm, load_mlp
-from ranker.features import TorchTables
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
+from ranker.tables import TorchTables
 from retriever.artifact import (
     CATALOGUE,
     POPULARITY,

@@ -21,7 +21,8 @@ import torch
 from common.errors import SeqrecError
 from ranker.artifact import RankerArtifact
 from ranker.cooc import cooc_top, recent_items, union
-from ranker.features import TorchTables, compute_features
+from ranker.features import compute_features
+from ranker.tables import TorchTables
 from retriever.artifact import RetrieverArtifact
 from retriever.index import search
 from retriever.index.filtered import search_allowed

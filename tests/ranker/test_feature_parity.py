@@ -1,6 +1,6 @@
 """The dense feature tensor, bit for bit, against what the code before the feature-group registry computed
 (tests/ranker/fixtures/features_parity.npz: seeded inputs and the old code's outputs, written by
-make_features_parity.py at 11109b1): the base columns alone, every extra column, and a subset of the extras in
+tests/ranker/fixtures/make_features_parity.py as committed in 3205520, run on the tree before it): the base columns alone, every extra column, and a subset of the extras in
 another order, on left-padded histories of mixed lengths with empty slots, unknown and masked candidates."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import torch
 
 from ranker.cooc import CoocTable
 from ranker.extras import Extras
-from ranker.features import ItemTables, compute_features
+from ranker.features import compute_features
+from ranker.tables import ItemTables
 from ranker.times import TimeTable
 
 FIXTURE = Path(__file__).parent / "fixtures" / "features_parity.npz"

@@ -12,10 +12,10 @@ from ranker.features import (
     HISTORY_GROUP_COST,
     ID_DERIVED,
     FeatureBatch,
-    ItemTables,
     compute_features,
 )
 from ranker.mining import mine, training_groups
+from ranker.tables import ItemTables
 from ranker.train import FeatureSource, features, make_groups
 from retriever.index import IndexSpec, build_index, normalize
 from retriever.windows import length_groups, padded_slices
