@@ -38,9 +38,10 @@ from common.folders import register_folder_kind
 from ranker.compiled import MLP_FILE, CompiledMLP, write_mlp
 from ranker.cooc import COOC_FILE, CoocTable
 from ranker.extras import EXTRA_FEATURES, Extras, needs_cooc, needs_time
-from ranker.features import DENSE_FEATURES, TABLES_FILE, FeatureBatch, ItemTables, feature_spec
+from ranker.features import DENSE_FEATURES, FeatureBatch, feature_spec
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
+from ranker.tables import TABLES_FILE, ItemTables
 from ranker.times import TIMES_FILE, TimeTable
 from retriever.artifact import ArtifactError
 from retriever.manifest import RetrieverManifest

@@ -22,10 +22,11 @@ from common.errors import SeqrecError
 from common.metrics import ndcg_at
 from ranker.config import MLPConfig
 from ranker.extras import Extras
-from ranker.features import FeatureBatch, TorchTables, compute_features, standardize_stats
+from ranker.features import FeatureBatch, compute_features, standardize_stats
 from ranker.lgbm import LGBMRanker, fit_lgbm
 from ranker.mining import Mined
 from ranker.mlp import MLPRanker, group_loss
+from ranker.tables import TorchTables
 from retriever.windows import padded_slices
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from offline.data.split import LeaveOneOut
 from ranker.config import RankerConfig
 from ranker.cooc import CoocTable
 from ranker.extras import TIME_FEATURES, Extras, needs_cooc, needs_time
-from ranker.features import ItemTables
 from ranker.mining import Mined
+from ranker.tables import ItemTables
 from ranker.times import TimeTable
 from ranker.train import FeatureSource
 

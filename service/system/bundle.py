@@ -17,7 +17,7 @@ import torch
 
 from common.errors import SeqrecError
 from ranker.artifact import RankerArtifact
-from ranker.features import TorchTables
+from ranker.tables import TorchTables
 from retriever.artifact import RetrieverArtifact, retrieval_rows
 from service.system.cache import UserVectors
 from service.system.encode import raw_user_vectors

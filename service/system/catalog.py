@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.atomic import atomic_write, replace_dir
 from ranker.artifact import unit_item_vectors
-from ranker.features import TorchTables
+from ranker.tables import TorchTables
 from retriever.artifact import CATALOGUE, item_matrix
 from retriever.features import feature_rows, feature_vocabulary
 from service.system.bundle import Bundle, BundleError

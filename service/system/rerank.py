@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from ranker.extras import Extras
-from ranker.features import FeatureBatch, TorchTables, compute_features
+from ranker.features import FeatureBatch, compute_features
+from ranker.tables import TorchTables
 
 
 def rerank_scores(score: Callable[[FeatureBatch], Tensor], tables: TorchTables, item_vectors: Tensor,

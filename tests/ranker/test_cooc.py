@@ -8,7 +8,8 @@ import torch
 
 from ranker.cooc import CoocTable, cooc_top, quota, recent_items, union
 from ranker.extras import NOT_FOUND, Extras, extra_columns
-from ranker.features import DENSE_FEATURES, ItemTables, compute_features
+from ranker.features import DENSE_FEATURES, compute_features
+from ranker.tables import ItemTables
 
 # Two users over items 1..5 (CSR): 1 2 3 | 1 2 4 5
 OFFSETS = np.array([0, 3, 7])

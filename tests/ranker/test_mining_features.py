@@ -13,10 +13,10 @@ from ranker.features import (
     HISTORY_GROUP_COST,
     ID_DERIVED,
     FeatureBatch,
-    ItemTables,
     compute_features,
 )
 from ranker.mining import training_groups
+from ranker.tables import ItemTables
 from ranker.train import FeatureSource, features, make_groups
 from retriever.index import IndexSpec, build_index, normalize
 from retriever.windows import length_groups, padded_slices

@@ -10,7 +10,7 @@ import pytest
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.tables import cooc_table, item_tables, time_table
 from ranker.cooc import CoocTable
-from ranker.features import ItemTables
+from ranker.tables import ItemTables
 from ranker.times import TimeTable
 from tests.tiny import prepare_tiny
 
