@@ -1,7 +1,8 @@
 """The dense feature tensor, bit for bit, against what the code before the feature-group registry computed
 (tests/ranker/fixtures/features_parity.npz: seeded inputs and the old code's outputs, written by
-tests/ranker/fixtures/make_features_parity.py as committed in 3205520, run on the tree before it): the base
-columns alone, every extra column, and a subset of the extras in another order, on left-padded histories of mixed lengths with empty slots, unknown and masked candidates."""
+tests/ranker/fixtures/make_features_parity.py as committed in 3205520, run on the tree before it): the base columns
+alone, every extra column, and a subset of the extras in another order, on left-padded histories of mixed lengths
+with empty slots, unknown and masked candidates."""
 
 from __future__ import annotations
 
