@@ -9,7 +9,8 @@ def metrics(path: str) -> dict[str, Any]:
     with open(path) as handle:
         stages = json.load(handle)["stages"]
     out = {"train.valid": stages["train"]["valid_ndcg@10"], "train.test": stages["train"]["test_ndcg@10"],
-           "mine.recall": stages["mine"]["recall"], "ranker.valid": stages["train-ranker"]["selection"]["valid_ndcg@10"]}
+           "mine.recall": stages["mine"]["recall"],
+           "ranker.valid": stages["train-ranker"]["selection"]["valid_ndcg@10"]}
     for split in ("valid", "test", "retriever_valid", "retriever_test"):
         out[split] = stages["evaluate"].get(split)
     return out
