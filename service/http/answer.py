@@ -9,13 +9,13 @@ reaches past the window (`service.http.store`), as offline evaluation excludes t
 
 The body is a plain dict (the route writes it with orjson: validating and serialising it through pydantic cost
 ~20x more, docs/results/serve) whose shape has one definition, the response models of `service.http.schemas`
-that the OpenAPI document describes: `_body` and `_item_body` are generated from those models' fields.
+that the OpenAPI document describes: `_body` and `_item_body` take and write those models' fields, in their order,
+which a test holds them to.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from service.http.engine import Engine
@@ -27,27 +27,23 @@ from service.system.filters import eligible
 from service.system.query import plan_query, popular, seen_ids
 from service.system.recommend import NeedsCausalModel
 
-
-def _builder(fields: tuple[str, ...], *, more: bool = False) -> Callable[..., dict[str, Any]]:
-    """A function of ``fields`` (positional, in order; then, with ``more``, a dict merged after them) returning the
-    dict {field: value}: generated once from a response model's fields, as `dataclasses` generates ``__init__``,
-    so it costs what the dict literal written out would (a loop over the fields costs ~4x that per item)."""
-    if not all(name.isidentifier() for name in fields):
-        raise ValueError(f"not identifiers: {fields}")
-    params = ", ".join([*fields, *(["more"] if more else [])])
-    entries = ", ".join([*(f"{name!r}: {name}" for name in fields), *(["**more"] if more else [])])
-    built: Callable[..., dict[str, Any]] = eval(f"lambda {params}: {{{entries}}}")
-    return built
-
-
 # The body's keys, in the schema's order: the response models' fields, the OpenAPI document's.
 RESPONSE_FIELDS = tuple(RecommendResponse.model_fields)
 ITEM_FIELDS = tuple(name for name, f in RecommendedItem.model_fields.items() if f.is_required())  # then the catalogue's
 NO_TIMING = dict.fromkeys(Timing.model_fields, 0.0)  # the popularity answer's stage times
-# _body(items, model_version, reranked, unknown_items, fallback, history_used, timing_ms): a RecommendResponse body
-_body = _builder(RESPONSE_FIELDS)
-# _item(item_id, score, retrieval_score, rank, catalogue): a RecommendedItem, its catalogue fields (when known) last
-_item_body = _builder(ITEM_FIELDS, more=True)
+
+
+def _body(items: list[dict[str, Any]], model_version: str, reranked: bool, unknown_items: list[str],
+          fallback: str | None, history_used: int, timing_ms: dict[str, float]) -> dict[str, Any]:
+    """A RecommendResponse body: one parameter and one key per model field, in its order (tests/service/test_answer.py
+    holds both to `RESPONSE_FIELDS`)."""
+    return {"items": items, "model_version": model_version, "reranked": reranked, "unknown_items": unknown_items,
+            "fallback": fallback, "history_used": history_used, "timing_ms": timing_ms}
+
+
+def _item_body(item_id: str, score: float, retrieval_score: float, rank: int, more: dict[str, Any]) -> dict[str, Any]:
+    """A RecommendedItem: its required fields (`ITEM_FIELDS`), then the catalogue's fields when known."""
+    return {"item_id": item_id, "score": score, "retrieval_score": retrieval_score, "rank": rank, **more}
 
 
 async def answer(body: RecommendRequest, engine: Engine, store: HistoryStore, metrics: Metrics) -> dict[str, Any]:

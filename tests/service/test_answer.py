@@ -60,6 +60,11 @@ def test_the_body_builders_take_the_response_models_fields() -> None:
     assert catalogue == METADATA_COLUMNS
 
 
+def test_the_body_has_the_response_models_keys_in_order() -> None:
+    body = _body([], "v", False, [], None, 0, {})
+    assert tuple(body) == tuple(RecommendResponse.model_fields)
+
+
 async def test_answer_maps_ids_and_runs_both_stages(served: Bundle, engine: Engine) -> None:
     history = [served.external(i) for i in (3, 1, 4)]
     body = RecommendRequest(history=[*history, "no-such-item"], k=5)
