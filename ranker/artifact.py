@@ -21,8 +21,8 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -36,13 +36,12 @@ from common.atomic import atomic_write, replace_dir, sha256_file
 from common.errors import first_line, validation_message
 from common.folders import register_folder_kind
 from ranker.compiled import MLP_FILE, CompiledMLP, write_mlp
-from ranker.cooc import COOC_FILE, CoocTable
-from ranker.extras import EXTRA_FEATURES, Extras, needs_cooc, needs_time
-from ranker.features import DENSE_FEATURES, FeatureBatch, feature_spec
+from ranker.cooc import CoocTable
+from ranker.features import FeatureBatch, feature_spec
+from ranker.groups import Extras, base_columns, optional_columns, requiring, table_kind, tables_for
 from ranker.lgbm import LGBMRanker
 from ranker.mlp import MLPRanker
 from ranker.tables import TABLES_FILE, ItemTables
-from ranker.times import TIMES_FILE, TimeTable
 from retriever.artifact import ArtifactError
 from retriever.manifest import RetrieverManifest
 
@@ -108,8 +107,12 @@ class RankerArtifact:
     manifest: RankerManifest
     ranker: Ranker
     tables: ItemTables
-    cooc: CoocTable | None = None
-    times: TimeTable | None = None
+    saved_tables: Mapping[str, Any] = field(default_factory=dict)  # `ranker.groups.TableKind` name -> table
+
+    @property
+    def cooc(self) -> CoocTable | None:
+        """The co-occurrence table (the cooc source's and the cooc features'), None when neither is used."""
+        return self.saved_tables.get("cooc")
 
     @property
     def kind(self) -> str:
@@ -117,8 +120,8 @@ class RankerArtifact:
 
     @property
     def extra_features(self) -> tuple[str, ...]:
-        """The `ranker.extras` columns the ranker reads after the base features (none for older rankers)."""
-        return tuple(self.manifest.features.get("dense", [])[len(DENSE_FEATURES):])
+        """The optional columns (`ranker.groups`) the ranker reads after the base features (none for older rankers)."""
+        return tuple(_extras(self.manifest))
 
     @property
     def cooc_share(self) -> float | None:
@@ -132,12 +135,13 @@ class RankerArtifact:
         if not self.extra_features:
             return None
         # load_ranker refuses a ranker whose extras lack their table
-        return Extras(self.extra_features, None if self.cooc is None else self.cooc.torch(), self.times)
+        return Extras(self.extra_features, {name: table_kind(name).runtime(self.saved_tables[name])
+                                            for name in tables_for(self.extra_features)})
 
     @property
     def needs_time(self) -> bool:
-        """Whether the ranker scores a request as of its time (`ranker.extras.TIME_FEATURES`)."""
-        return needs_time(self.extra_features)
+        """Whether the ranker scores a request as of its time (a feature group requiring timestamps)."""
+        return bool(requiring(self.extra_features, "timestamps"))
 
     @property
     def depth(self) -> int:
@@ -150,12 +154,12 @@ class RankerArtifact:
 
 def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_manifest: RetrieverManifest,
                  metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
-                 cooc: CoocTable | None = None, times: TimeTable | None = None,
-                 extra_features: tuple[str, ...] = ()) -> RankerManifest:
+                 saved_tables: Mapping[str, Any] | None = None, extra_features: tuple[str, ...] = ()) -> RankerManifest:
     """Write BUNDLE/ranker/ (replacing an existing one only once the new one is complete).
 
-    cooc, times: the co-occurrence and time tables, saved when given (the sources and extra features that
-    need them are the caller's ``extra["sources"]`` and ``extra_features``)."""
+    saved_tables: the tables by `ranker.groups.TableKind` name (co-occurrence, request times), each saved as its
+    kind's file (the sources and extra features that need them are the caller's ``extra["sources"]`` and
+    ``extra_features``)."""
     tmp = bundle / f".{FOLDER}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -163,12 +167,10 @@ def write_ranker(bundle: Path, ranker: Ranker, tables: ItemTables, *, retriever_
         saved = ranker.save(tmp)
         tables.save(tmp / TABLES_FILE)
         files = [*saved["files"], TABLES_FILE, *_write_compiled(tmp, ranker)]
-        if cooc is not None:
-            cooc.save(tmp / COOC_FILE)
-            files.append(COOC_FILE)
-        if times is not None:
-            times.save(tmp / TIMES_FILE)
-            files.append(TIMES_FILE)
+        for name, table in (saved_tables or {}).items():
+            file = table_kind(name).file
+            table.save(tmp / file)
+            files.append(file)
         manifest = RankerManifest(
             format=FORMAT, kind=ranker.kind, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             retriever_version=retriever_manifest.version,
@@ -229,26 +231,21 @@ def load_ranker(bundle: Path, retriever_manifest: RetrieverManifest) -> RankerAr
         ranker = RANKERS[kind].load(folder, manifest.config)
     except (RuntimeError, OSError, ValueError, KeyError, TypeError) as err:
         raise ArtifactError(folder, f"ranker weights do not load: {first_line(err)}") from None
-    return RankerArtifact(folder, manifest, ranker, tables, _load_cooc(folder, manifest, tables.n_items),
-                          _load_times(folder, manifest, tables.n_items))
+    return RankerArtifact(folder, manifest, ranker, tables, _load_tables(folder, manifest, tables.n_items))
 
 
 def _extras(manifest: RankerManifest) -> list[str]:
-    return list(manifest.features.get("dense", [])[len(DENSE_FEATURES):])
+    return list(manifest.features.get("dense", [])[len(base_columns()):])
 
 
-def _load_times(folder: Path, manifest: RankerManifest, n_items: int) -> TimeTable | None:
-    """The time table when the ranker reads request-time features (refused when missing)."""
-    if not needs_time(_extras(manifest)):
-        return None
-    return _load_table(folder, manifest, n_items, TIMES_FILE, TimeTable.load, "reads request-time features")
-
-
-def _load_cooc(folder: Path, manifest: RankerManifest, n_items: int) -> CoocTable | None:
-    """The co-occurrence table when the ranker's sources or extra features need it (refused when missing)."""
-    if "cooc" not in (manifest.sources or {}).get("names", ()) and not needs_cooc(_extras(manifest)):
-        return None
-    return _load_table(folder, manifest, n_items, COOC_FILE, CoocTable.load, "uses the co-occurrence source")
+def _load_tables(folder: Path, manifest: RankerManifest, n_items: int) -> dict[str, Any]:
+    """The tables the ranker's feature groups read, and the co-occurrence table when its sources use it (refused
+    when missing)."""
+    needed = {name: "reads features that need it" for name in tables_for(_extras(manifest))}
+    if "cooc" in (manifest.sources or {}).get("names", ()):
+        needed["cooc"] = "uses the co-occurrence source"
+    return {name: _load_table(folder, manifest, n_items, table_kind(name).file, table_kind(name).load, why)
+            for name, why in needed.items()}
 
 
 def _load_table(folder: Path, manifest: RankerManifest, n_items: int, name: str, load: Callable[[Path], T],
@@ -272,10 +269,13 @@ def _check_lineage(folder: Path, manifest: RankerManifest, retriever_manifest: R
         raise ArtifactError(folder, f"was mined from retriever {manifest.retriever_version}, but the bundle "
                             f"holds {retriever_manifest.version}; retrain it with `seqrec train-ranker`")
     dense = manifest.features.get("dense")
-    base = list(DENSE_FEATURES)
-    if not isinstance(dense, list) or dense[: len(base)] != base or \
-            any(name not in EXTRA_FEATURES for name in dense[len(base):]):
+    base = list(base_columns())
+    if not isinstance(dense, list) or dense[: len(base)] != base:
         raise ArtifactError(folder, "was trained on another feature list than this version of seqrec computes")
+    unknown = [name for name in dense[len(base):] if name not in optional_columns()]
+    if unknown:
+        raise ArtifactError(folder, f"reads features {unknown} that no feature group of this version of seqrec "
+                            "computes (`ranker.groups`)")
     for name, digest in manifest.sha256.items():
         file = folder / name
         if not file.is_file() or sha256_file(file) != digest:

@@ -48,7 +48,7 @@ class RankerConfig(BaseModel):
     # list (`ranker.cooc.union`: the cooc source is offered round(cooc_share * depth) of the depth slots).
     sources: tuple[Source, ...] = ("retriever",)
     cooc_share: float = Field(0.25, ge=0.0, le=1.0)
-    features: tuple[str, ...] = ()  # extra ranker features (`ranker.extras.EXTRA_FEATURES`) after the base ones
+    features: tuple[str, ...] = ()  # optional ranker features (`ranker.groups` columns) after the base ones
     # The MLP ranker as an ensemble of this many networks (`MLPConfig.members`); LightGBM ignores it
     members: int = Field(1, ge=1, le=16)
 
@@ -71,7 +71,7 @@ class RankerSection(RankerConfig):
     @classmethod
     def _known_features(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         # at load, not at the ranker stage after the retriever has trained
-        from ranker.extras import check_names  # torch: only where a config is read
+        from ranker.groups import check_names  # torch: only where a config is read
 
         return check_names(names)
 
@@ -95,7 +95,7 @@ class MLPConfig:
     epochs: int = 30
     patience: int = 3
     seed: int = 42
-    extra_features: tuple[str, ...] = ()  # `ranker.extras` columns read after the base dense features
+    extra_features: tuple[str, ...] = ()  # optional `ranker.groups` columns read after the base dense features
     members: int = 1  # networks trained from seeds seed, seed + 1, ... and scored by their mean logit
 
     def __post_init__(self) -> None:

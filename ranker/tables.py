@@ -15,6 +15,7 @@ from torch import Tensor
 
 PAIR_WINDOW = 3  # b "follows" a when it comes 1..PAIR_WINDOW positions after a in a training sequence
 YEAR_BUCKET = 5  # years per bucket
+RECENT = 5  # "recent" history items of the similarity and follows features
 TABLES_FILE = "item_tables.npz"
 
 

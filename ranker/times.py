@@ -1,6 +1,6 @@
 """Request-time item features: how recently, and how often lately, each candidate was interacted with.
 
-A ranker that reads these columns (`ranker.extras.TIME_FEATURES`) scores a request as of a time ``at``
+A ranker that reads these columns (`ranker.groups.request_time`) scores a request as of a time ``at``
 (unix seconds): offline, the timestamp of the target the group predicts; served, the request's ``at``, or the
 server's clock when a request gives none. The counts come from training positions only, and only those
 before ``at`` count, so a group never sees an interaction from its own future. The table is every training

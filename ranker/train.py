@@ -21,8 +21,8 @@ from tqdm import tqdm
 from common.errors import SeqrecError
 from common.metrics import ndcg_at
 from ranker.config import MLPConfig
-from ranker.extras import Extras
 from ranker.features import FeatureBatch, compute_features, standardize_stats
+from ranker.groups import Extras
 from ranker.lgbm import LGBMRanker, fit_lgbm
 from ranker.mining import Mined
 from ranker.mlp import MLPRanker, group_loss
@@ -49,7 +49,7 @@ class FeatureSource:
 
     tables: TorchTables
     item_vectors: Tensor  # (n_items + 1, D), row 0 = 0
-    extras: Extras | None = None  # the extra columns the ranker reads (`ranker.extras`)
+    extras: Extras | None = None  # the extra columns the ranker reads (`ranker.groups`)
 
     @property
     def extra_features(self) -> tuple[str, ...]:

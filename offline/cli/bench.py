@@ -270,7 +270,7 @@ def _add_two_stage(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     two.add_argument("--holdout-per-user", type=int, default=ranker_default("holdout_per_user"),
                      help="training items per user the holdout retriever never sees (the rankers' targets)")
     two.add_argument("--features", type=parse_names, default=(),
-                     help="comma-separated extra ranker features for both rankers (ranker/extras.py; "
+                     help="comma-separated extra ranker features for both rankers (ranker/groups/; "
                      "use another --work than the base run's)")
     two.add_argument("--mlp-id-dropout", type=float, default=mlp_default("id_dropout"),
                      help="the MLP ranker's ID dropout (default: seqrec train-ranker's)")

@@ -102,7 +102,7 @@ def add_train_ranker_parser(sub: Subparsers, common: argparse.ArgumentParser) ->
     c.add_argument("--cooc-share", type=float, default=ranker_default("cooc_share"),
                    help="share of the depth's slots offered to the cooc source (the retriever keeps the rest)")
     c.add_argument("--features", type=parse_names, default=ranker_default("features"),
-                   help="comma-separated extra ranker features (ranker/extras.py): cooc_last1, cooc_last3, "
+                   help="comma-separated extra ranker features (ranker/groups/): cooc_last1, cooc_last3, "
                    "cooc_last10, cooc_rank, popularity_trend; with timestamps, as of the request's time: "
                    "recent_30d, recent_7d, days_since_last, days_since_first, user_idle_days; from the "
                    "catalogue's metadata: meta_last, meta_recent; empty: the base features alone")

@@ -30,13 +30,11 @@ from offline.jobs.holdout import (
     without_early_stop_targets,
 )
 from offline.jobs.mine import merge_groups, mine, with_user_vectors
-from offline.jobs.tables import cooc_table, extra_tables, item_tables, request_times, time_table, with_extras
+from offline.jobs.tables import extra_tables, item_tables, request_times, with_extras
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
 from ranker.config import HOLDOUT_PER_USER, MAX_DEPTH, MIN_DEPTH, RankerConfig
-from ranker.cooc import CoocTable
-from ranker.extras import check_names
+from ranker.groups import check_names, requiring
 from ranker.mining import Mined, training_groups
-from ranker.times import TimeTable
 from ranker.train import (
     FeatureSource,
     Groups,
@@ -198,8 +196,8 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     config = checked_config(config or RankerConfig())
     artifact, source = bundle_source(bundle, data)
     mined, miner = _mined_groups(bundle, artifact, data, config, mined_dir)
-    cooc, times = extra_tables(data, config)
-    groups, source, train_source = _ranker_inputs(artifact, data, mined, miner, config, source, cooc, times)
+    saved = extra_tables(data, config)
+    groups, source, train_source = _ranker_inputs(artifact, data, mined, miner, config, source, saved)
     check_targets(groups, split_sources(data.split()), artifact.manifest.repeats, data.n_items)
     fitted: dict[str, tuple[Ranker, list[dict[str, Any]], float]] = {}
     served: dict[str, Any] = {}
@@ -239,7 +237,7 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
         **sources_record(config, groups),
     }
     return write_ranker(bundle, ranker, item_tables(data, data.split()), retriever_manifest=artifact.manifest,
-                        metrics=metrics, extra=extra, cooc=cooc, times=times, extra_features=config.features)
+                        metrics=metrics, extra=extra, saved_tables=saved, extra_features=config.features)
 
 
 def _selection_ndcg(name: str, scorer: Any, source: FeatureSource, valid: Groups, n_items: int) -> float:
@@ -316,10 +314,10 @@ def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDatas
 
 def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: dict[str, Mined],
                    miner: RetrieverArtifact | None, config: RankerConfig, source: FeatureSource,
-                   cooc: CoocTable | None,
-                   times: TimeTable | None = None) -> tuple[dict[str, Groups], FeatureSource, FeatureSource]:
+                   saved: dict[str, Any]) -> tuple[dict[str, Groups], FeatureSource, FeatureSource]:
     """Every split's groups (merged with the co-occurrence source's list when the config asks), the
-    feature source of the validation and test groups, and that of the training groups.
+    feature source of the validation and test groups, and that of the training groups. saved: the tables the
+    config's sources and features read (`offline.jobs.tables.extra_tables`), from every training position.
 
     A training group's features and co-occurrence candidates never count its own target: the
     statistics come from training positions without each user's last per_user (2 with holdout)
@@ -328,25 +326,24 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
     split = data.split()
     sources = split_sources(split)
     drop = _per_user(config, miner)
-    train_cooc = None if cooc is None else cooc_table(data, split, drop_last=drop)
-    train_times = None if times is None else time_table(data, split, drop_last=drop)
+    train_saved = extra_tables(data, config, split, drop_last=drop)
     trainer = miner or artifact
-    source = with_extras(source, config, cooc, times)
+    source = with_extras(source, config, saved)
     train_source = with_extras(FeatureSource(item_tables(data, split, drop_last=drop).torch(),
                                              unit_item_vectors(trainer.model.item_vectors().detach())),
-                               config, train_cooc, train_times)
+                               config, train_saved)
     mined = _with_user_vectors(mined, sources, artifact, trainer)
     groups = {}
     for name in [*(n for n in mined if n != "train"), "train"]:  # the order the manifest's records list them in
-        at, last_event = request_times(split, name, mined[name]) if times is not None else (None, None)
+        timed = bool(requiring(config.features, "timestamps"))
+        at, last_event = request_times(split, name, mined[name]) if timed else (None, None)
         max_len = trainer.max_len if name == "train" else artifact.max_len
         groups[name] = make_groups(mined[name], sources[name], max_len, at=at, last_event=last_event)
     if config.cooc_source:
         rows = retrieval_rows(artifact.model, source.item_vectors)
         train_rows = rows if trainer is artifact else retrieval_rows(trainer.model, train_source.item_vectors)
         for name, g in groups.items():
-            table, item_rows = (train_cooc, train_rows) if name == "train" else (cooc, rows)
-            assert table is not None
+            table, item_rows = (train_saved["cooc"], train_rows) if name == "train" else (saved["cooc"], rows)
             groups[name] = merge_groups(g, sources[name], table, config.cooc_share, item_rows,
                                         exclude_seen=artifact.manifest.exclude_seen)
     return groups, source, train_source

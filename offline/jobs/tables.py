@@ -19,7 +19,7 @@ from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut
 from ranker.config import RankerConfig
 from ranker.cooc import CoocTable
-from ranker.extras import TIME_FEATURES, Extras, needs_cooc, needs_time
+from ranker.groups import Extras, request_time, requiring, table_kind, tables_for
 from ranker.mining import Mined
 from ranker.tables import ItemTables
 from ranker.times import TimeTable
@@ -52,7 +52,7 @@ def time_table(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) ->
     ``drop_last``)."""
     if not has_clock(data):
         raise SeqrecError(f"{data.path} has no timestamps (only an order); the request-time ranker features "
-                          f"({', '.join(TIME_FEATURES)}) need them")
+                          f"({', '.join(request_time.COLUMNS)}) need them")
     train = _training_positions(split, drop_last)
     assert train.timestamps is not None
     try:
@@ -68,9 +68,10 @@ def has_clock(data: PreparedDataset) -> bool:
 
 def require_clock(path: Path, manifest: dict[str, Any], features: tuple[str, ...]) -> None:
     """Refuse request-time ranker features on prepared data (its manifest) whose timestamps are only an order."""
-    if needs_time(features) and not manifest.get("has_timestamps", True):
+    timed = requiring(features, "timestamps")
+    if timed and not manifest.get("has_timestamps", True):
         raise SeqrecError(f"{path} has no timestamps (only an order); the request-time ranker features "
-                          f"({', '.join(f for f in features if f in TIME_FEATURES)}) need them")
+                          f"({', '.join(timed)}) need them")
 
 
 def request_times(split: LeaveOneOut, name: str, mined: Mined) -> tuple[np.ndarray, np.ndarray]:
@@ -101,20 +102,27 @@ def _training_positions(split: LeaveOneOut, drop_last: int) -> Sequences:
     return Sequences(offsets, train.items[keep], None if train.timestamps is None else train.timestamps[keep])
 
 
-def extra_tables(data: PreparedDataset, config: RankerConfig) -> tuple[CoocTable | None, TimeTable | None]:
-    """The co-occurrence and time tables the config's sources and extra features need (None where none does),
-    from every training position."""
-    split = data.split()
-    cooc = cooc_table(data, split) if config.cooc_source or needs_cooc(config.features) else None
-    return cooc, time_table(data, split) if needs_time(config.features) else None
+def extra_tables(data: PreparedDataset, config: RankerConfig, split: LeaveOneOut | None = None,
+                 drop_last: int = 0) -> dict[str, Any]:
+    """The tables (by `ranker.groups.TableKind` name) that the config's sources and extra features read, from
+    training positions (without each user's last ``drop_last``)."""
+    split = split or data.split()
+    names = [*(["cooc"] if config.cooc_source else []), *tables_for(config.features)]
+    builders = {"cooc": cooc_table, "times": time_table}  # with these kinds' checks; any other kind: its own build
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(names):
+        if name in builders:
+            out[name] = builders[name](data, split, drop_last)
+        else:
+            train = _training_positions(split, drop_last)
+            out[name] = table_kind(name).build(train.offsets, train.items, train.timestamps, data.n_items)
+    return out
 
 
-def with_extras(source: FeatureSource, config: RankerConfig, cooc: CoocTable | None,
-                times: TimeTable | None = None) -> FeatureSource:
-    """``source`` computing the config's extra features from ``cooc`` and ``times`` too."""
+def with_extras(source: FeatureSource, config: RankerConfig, saved: dict[str, Any]) -> FeatureSource:
+    """``source`` computing the config's extra features from the ``saved`` tables too."""
     if not config.features:
         return source
-    assert cooc is not None or not needs_cooc(config.features)
-    assert times is not None or not needs_time(config.features)
     return FeatureSource(source.tables, source.item_vectors,
-                         Extras(tuple(config.features), None if cooc is None else cooc.torch(), times))
+                         Extras(tuple(config.features), {name: table_kind(name).runtime(saved[name])
+                                                         for name in tables_for(config.features)}))

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ranker.extras import Extras
 from ranker.features import FeatureBatch, compute_features
+from ranker.groups import Extras
 from ranker.tables import TorchTables
 
 

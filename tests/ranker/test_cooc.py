@@ -1,4 +1,4 @@
-"""The co-occurrence source (`ranker.cooc`) and the extra features (`ranker.extras`) on hand-made data."""
+"""The co-occurrence source (`ranker.cooc`) and the extra features (`ranker.groups`) on hand-made data."""
 
 from pathlib import Path
 
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from ranker.cooc import CoocTable, cooc_top, quota, recent_items, union
-from ranker.extras import NOT_FOUND, Extras, extra_columns
-from ranker.features import DENSE_FEATURES, compute_features
+from ranker.features import DENSE_FEATURES, compute_features, extra_columns
+from ranker.groups import Extras
+from ranker.groups.cooc import NOT_FOUND
 from ranker.tables import ItemTables
 
 # Two users over items 1..5 (CSR): 1 2 3 | 1 2 4 5
@@ -72,7 +73,8 @@ def test_union_keeps_the_retrievers_head_adds_the_quota_and_refills() -> None:
 
 def test_extra_columns_by_hand_and_batch_independent() -> None:
     table = _table()
-    extras = Extras(("cooc_last1", "cooc_last3", "cooc_last10", "cooc_rank", "popularity_trend"), table.torch())
+    extras = Extras(("cooc_last1", "cooc_last3", "cooc_last10", "cooc_rank", "popularity_trend"),
+                    {"cooc": table.torch()})
     history = torch.tensor([[0, 1, 2]])
     candidates = torch.tensor([[3, 5, 1, 0]])
     unknown = torch.tensor([[False, False, True, True]])
@@ -97,7 +99,7 @@ def test_compute_features_appends_extras_after_the_base_columns() -> None:
     vectors[0] = 0
     args = (tables, vectors, torch.tensor([[1, 2]]), vectors[[2]], torch.tensor([[3, 4]]), torch.tensor([[0.5, 0.4]]))
     base = compute_features(*args)
-    extended = compute_features(*args, extras=Extras(("cooc_rank",), _table().torch()))
+    extended = compute_features(*args, extras=Extras(("cooc_rank",), {"cooc": _table().torch()}))
     assert base.dense.shape[-1] == len(DENSE_FEATURES)
     assert extended.dense.shape[-1] == len(DENSE_FEATURES) + 1
     assert torch.equal(extended.dense[..., : len(DENSE_FEATURES)], base.dense)
@@ -114,7 +116,7 @@ def test_items_added_after_training_follow_nothing_and_are_followed_by_nothing()
     follows = table.torch().follows(torch.tensor([[1, 1, 7, 3]]), torch.tensor([[2, 5, 1, 4]]))
     # (1 -> 5): 1 * n1 + 5 == 2 * n1 + 1 would alias the pair (2 -> 1) without the bound
     assert follows[0].tolist() == pytest.approx([0.6, 0.0, 0.0, 0.0])
-    extras = Extras(("popularity_trend",), table.torch())
+    extras = Extras(("popularity_trend",), {"cooc": table.torch()})
     out = extra_columns(extras, torch.tensor([[1, 7]]), torch.tensor([[3, 9]]), torch.tensor([[False, True]]))
     assert out[0, :, 0].tolist() == pytest.approx([0.3, 0.0])
 

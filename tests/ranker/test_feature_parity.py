@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ranker.cooc import CoocTable
-from ranker.extras import Extras
 from ranker.features import compute_features
+from ranker.groups import Extras
 from ranker.tables import ItemTables
 from ranker.times import TimeTable
 
@@ -38,8 +38,8 @@ def _features(x: dict[str, Any], names: tuple[str, ...] | None) -> Any:
             torch.from_numpy(x["scores"]))
     if names is None:
         return compute_features(*args, id_mask=torch.from_numpy(x["id_mask"]))
-    extras = Extras(names, CoocTable.build(x["offsets"], x["items"], n_items).torch(),
-                    TimeTable.build(x["items"], x["times"], n_items))
+    extras = Extras(names, {"cooc": CoocTable.build(x["offsets"], x["items"], n_items).torch(),
+                            "times": TimeTable.build(x["items"], x["times"], n_items)})
     return compute_features(*args, id_mask=torch.from_numpy(x["id_mask"]), extras=extras,
                             at=torch.from_numpy(x["at"]), last_event=torch.from_numpy(x["last_event"]))
 

@@ -10,11 +10,11 @@ from offline.jobs.mine import mine
 from ranker.features import (
     COLUMN,
     DENSE_FEATURES,
-    HISTORY_GROUP_COST,
     ID_DERIVED,
     FeatureBatch,
     compute_features,
 )
+from ranker.groups.similarity import HISTORY_GROUP_COST
 from ranker.mining import training_groups
 from ranker.tables import ItemTables
 from ranker.train import FeatureSource, features, make_groups
@@ -247,7 +247,7 @@ def test_feature_values_are_pinned() -> None:
 
 
 def test_histories_of_very_different_lengths_get_the_features_each_would_get_alone() -> None:
-    """The history cosines run in length groups (`ranker.features._similarity_features`): a row's values are
+    """The history cosines run in length groups (`ranker.groups.similarity`): a row's values are
     bit for bit those of the same request alone, whichever group it landed in."""
     tables, vectors = _tables().torch(), _vectors()
     generator = torch.Generator().manual_seed(0)

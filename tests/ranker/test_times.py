@@ -1,4 +1,4 @@
-"""Request-time ranker features (`ranker.times`, `ranker.extras.TIME_FEATURES`): hand-computed values, only
+"""Request-time ranker features (`ranker.times`, `ranker.groups.request_time`): hand-computed values, only
 interactions strictly before the request time count, the columns do not depend on the batch, and a dataset
 without timestamps is refused with a message."""
 
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from offline.cli import main as seqrec
-from ranker.extras import TIME_FEATURES, Extras, extra_columns
+from ranker.features import extra_columns
+from ranker.groups import Extras
+from ranker.groups.request_time import COLUMNS as TIME_FEATURES
 from ranker.times import DAY, NONE, TimeTable
 
 T0 = 1_700_000_000
@@ -52,7 +54,7 @@ def test_columns_do_not_depend_on_the_batch() -> None:
     rng = np.random.default_rng(0)
     items = rng.integers(1, 50, 2000)
     times = T0 + rng.integers(0, 200 * DAY, 2000)
-    extras = Extras(TIME_FEATURES, times=TimeTable.build(items, times, n_items=50))
+    extras = Extras(TIME_FEATURES, {"times": TimeTable.build(items, times, n_items=50)})
     cand = torch.from_numpy(rng.integers(0, 52, (8, 30)))
     at = torch.from_numpy((T0 + rng.integers(0, 220 * DAY, 8)).astype(np.float64))
     last = at - 3600.0

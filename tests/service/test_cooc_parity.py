@@ -21,7 +21,7 @@ from offline.cli import main as seqrec
 from offline.data.prepared import load_prepared
 from offline.jobs.evaluate import evaluate_bundle, two_stage_top
 from ranker.artifact import load_ranker
-from ranker.extras import EXTRA_FEATURES
+from ranker.groups import optional_columns
 from retriever.artifact import ArtifactError, load_artifact
 from tests.service.support import Server, serving, train_bundle
 
@@ -33,7 +33,7 @@ def cooc_bundle(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     out = train_bundle(prepared, tmp_path_factory.mktemp("bundles") / "cooc", seed=3, ranker=False)
     assert seqrec(["train-ranker", "--artifact", str(out), "--data", str(prepared), "--kind", "lgbm", "--mining",
                    "direct", "--depth", str(DEPTH), "--threads", "1", "--sources", "retriever,cooc",
-                   "--cooc-share", "0.25", "--features", ",".join(EXTRA_FEATURES), "-q"]) == 0
+                   "--cooc-share", "0.25", "--features", ",".join(optional_columns()), "-q"]) == 0
     return out
 
 
@@ -46,7 +46,7 @@ def cooc_api(cooc_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def test_the_bundle_records_its_sources_and_features(cooc_bundle: Path, prepared: Path) -> None:
     manifest = json.loads((cooc_bundle / "ranker" / "manifest.json").read_text())
     assert manifest["sources"]["names"] == ["retriever", "cooc"]
-    assert manifest["features"]["dense"][-len(EXTRA_FEATURES):] == list(EXTRA_FEATURES)
+    assert manifest["features"]["dense"][-len(optional_columns()):] == list(optional_columns())
     assert "cooc.npz" in manifest["sha256"]
     assert "times.npz" in manifest["sha256"]
     result = evaluate_bundle(cooc_bundle, load_prepared(prepared))
@@ -134,7 +134,7 @@ def test_the_request_time_bench_starts_from_the_evaluated_figures(cooc_bundle: P
     first = rows[next(iter(request_times.VARIANTS))]
     assert first["valid"] == pytest.approx(evaluated["valid"]["NDCG@10"])
     assert first["test"] == pytest.approx(evaluated["test"]["NDCG@10"])
-    assert result["features"] == list(EXTRA_FEATURES)
+    assert result["features"] == list(optional_columns())
     assert request_times.main(["--artifact", str(cooc_bundle), "--data", str(prepared), "--out",
                                str(tmp_path / "rt")]) == 0
     written = json.loads((tmp_path / "rt.json").read_text())["rows"]

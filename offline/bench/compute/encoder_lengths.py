@@ -8,7 +8,7 @@ window), the CPU time per history of the bundle's ONNX encoder run as one call p
 (what the service did before) and in length groups (`retriever.compiled.OnnxEncoder`), the two alternating on
 the same batches (each one first every other round) in this process, one thread; and the largest difference
 between the two paths' user vectors. Then the same for the ranker's history cosines
-(`ranker.features._similarity_features`) over each batch's ``--candidates`` retrieved items: one block over
+(`ranker.groups.similarity.similarity_features`) over each batch's ``--candidates`` retrieved items: one block over
 the padded batch against length groups, and whether the two give bit-identical features.
 """
 
@@ -26,7 +26,7 @@ import torch
 from common.errors import SeqrecError
 from offline.bench.lib.payloads import load_catalogue, payloads_from_catalogue
 from offline.tables import markdown_table
-from ranker.features import DENSE_FEATURES, _similarity_block, _similarity_features
+from ranker.groups.similarity import COLUMNS, similarity_block, similarity_features
 from retriever.compiled import OnnxEncoder
 from service.http.engine import set_threads
 from service.system.loader import load_bundle
@@ -82,16 +82,16 @@ def _cosines(bundle: Any, batches: list[Any], candidates: int, rounds: int, requ
         valid = hist != 0
         length = np.maximum(valid.sum(1), 1)
         cand_vec = vectors[np.where(found >= 0, found + 1, 0)]
-        out = {k: np.zeros((*found.shape, len(DENSE_FEATURES)), dtype=np.float32) for k in cpu}
+        out = {k: {name: np.zeros(found.shape, dtype=np.float32) for name in COLUMNS} for k in cpu}
         for n in range(rounds):
             for path in ("padded", "grouped")[:: 1 if n % 2 else -1]:
                 t = time.thread_time()
                 if path == "padded":
-                    _similarity_block(out[path], slice(None), vectors, hist, valid, length, cand_vec)
+                    similarity_block(out[path], slice(None), vectors, hist, valid, length, cand_vec)
                 else:
-                    _similarity_features(out[path], vectors, hist, valid, length, cand_vec)
+                    similarity_features(out[path], vectors, hist, valid, length, cand_vec)
                 cpu[path] += time.thread_time() - t
-        identical &= bool(np.array_equal(out["padded"], out["grouped"]))
+        identical &= all(np.array_equal(out["padded"][name], out["grouped"][name]) for name in COLUMNS)
     per = {k: 1000 * v / (rounds * requests) for k, v in cpu.items()}
     return {"cosines_padded_ms": round(per["padded"], 4), "cosines_grouped_ms": round(per["grouped"], 4),
             "cosines_speedup": round(per["padded"] / per["grouped"], 3), "cosines_identical": identical}

@@ -26,7 +26,7 @@ from common.metrics import ndcg_at
 from offline.bench.lib.processes import SERVICE_APP, start_server
 from offline.data.prepared import PreparedDataset, load_prepared
 from offline.jobs.evaluate import two_stage_top
-from ranker.extras import needs_time
+from ranker.groups import base_columns, requiring
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ def _reads_time(bundle: Path) -> bool:
     manifest = bundle / "ranker" / "manifest.json"
     if not manifest.is_file():
         return False
-    return needs_time(json.loads(manifest.read_text()).get("features", {}).get("dense", []))
+    dense = json.loads(manifest.read_text()).get("features", {}).get("dense", [])
+    return bool(requiring([name for name in dense if name not in base_columns()], "timestamps"))
 
 
 def run_parity(args: argparse.Namespace) -> int:

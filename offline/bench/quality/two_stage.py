@@ -17,7 +17,7 @@ reuses what is finished; OUT/results.{json,md} cover every finished seed under W
 as the bench of retrievers resolves it), so they can train while the retrievers themselves do; a
 later run with ``--artifact`` reuses them when the configs agree. ``--holdout-per-user N`` mines with
 holdout retrievers that never saw each user's last N training items (`RankerConfig.holdout_per_user`).
-``--features a,b`` trains both rankers with those extra features (`ranker.extras`; a separate ``--work``,
+``--features a,b`` trains both rankers with those extra features (`ranker.groups`; a separate ``--work``,
 whose ``seed<seed>/mining`` may be a copy of another work folder's: the groups do not depend on features).
 ``--mlp-members K`` makes the MLP ranker an ensemble of K networks (`MLPConfig.members`) and
 ``--mlp-id-dropout P`` trains it with that ID dropout (`MLPConfig.id_dropout`); each a separate ``--work``
