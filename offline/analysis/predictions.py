@@ -26,6 +26,7 @@ from ranker.artifact import load_ranker, unit_item_vectors
 from ranker.train import FeatureSource, features, make_groups
 from retriever.artifact import RetrieverArtifact
 from service.system.loader import served_encoder
+from service.system.rerank import top_k as served_top_k
 
 
 def item_metadata(data: PreparedDataset) -> tuple[str | None, list[list[str]]]:
@@ -86,10 +87,11 @@ def top_k(artifact: RetrieverArtifact, split: LeaveOneOut, rows: np.ndarray, k: 
                                      inputs.items, artifact, ranker, vectors)
         with torch.inference_mode():
             scores = ranker.ranker.score(features(source, groups, np.arange(len(rows))))  # (U, depth)
-        order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k].numpy()
-        reranked = np.take_along_axis(groups.mined.candidates, order, axis=1)
-        empty = np.take_along_axis(~np.isfinite(scores.numpy()), order, axis=1)
-        out["reranked"] = np.where(empty, 0, reranked)
+        reranked = np.zeros((len(rows), k), dtype=groups.mined.candidates.dtype)
+        for i, (row_scores, candidates) in enumerate(zip(scores.numpy(), groups.mined.candidates, strict=True)):
+            best = candidates[served_top_k(row_scores, candidates, k)]  # the served order (`service.system.rerank`)
+            reranked[i, : len(best)] = best
+        out["reranked"] = reranked
     return out
 
 

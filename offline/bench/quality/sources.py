@@ -34,6 +34,7 @@ from ranker.mining import Mined
 from ranker.train import Groups, make_groups
 from retriever.artifact import RetrieverArtifact, load_artifact, retrieval_rows
 from service.system.loader import served_encoder
+from service.system.retrieve import excluded
 
 DEPTHS = (100, 200)
 SHARES = (0.1, 0.25, 0.5)
@@ -50,8 +51,8 @@ def _cooc_lists(groups: Groups, items: np.ndarray, table: CoocTable, depth: int,
     out = np.zeros((len(groups), depth), dtype=np.int64)
     for lo in tqdm(range(0, len(groups), batch_size), desc="cooc", unit="batch", disable=None, leave=False):
         rows = np.arange(lo, min(lo + batch_size, len(groups)))
-        exclude = [items[s:e] if exclude_seen else items[s:s] for s, e in zip(mined.start[rows], mined.end[rows],
-                                                                             strict=True)]
+        exclude = [excluded(items[s:e], exclude_seen=exclude_seen) for s, e in zip(mined.start[rows], mined.end[rows],
+                                                                                   strict=True)]
         out[rows], _ = cooc_top(table, recent_items(groups.history[rows], table.last), exclude, depth)
     return out
 
