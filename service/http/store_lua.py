@@ -20,8 +20,8 @@ JSON entry of an event cut at it.
 
 Keys written by the release before (``{prefix}history:{user}``, ``seen:{user}``, ``cut:{user}`` a list) are
 converted on the user's first append: the window copied (at most ``max_len`` entries), the seen set renamed, the
-cut ties' list turned into the sorted set (once, O(its length)). Those names are the only keys outside the user's hash slot; a store without
-them (``legacy_keys=False``) passes four keys per user, all in one slot.
+cut ties' list turned into the sorted set (once, O(its length)). Those names are the only keys outside the user's
+hash slot; a store without them (``legacy_keys=False``) passes four keys per user, all in one slot.
 """
 
 from __future__ import annotations
