@@ -88,19 +88,29 @@ def _admin_items(served: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if k != "item_idx"} for row in rows.to_pylist()]
 
 
-def carry_changes(artifacts: Path, bundle: Path) -> dict[str, Any]:
-    """Before ``bundle`` is published into ARTIFACTS/versions: it reads the journal beside the versions, as every
-    version does, so nothing needs copying; but a served bundle that still keeps the previous format's journal
-    inside it has that journal written beside the versions first (else the new version, which has none, would
-    serve retired items again and lose added ones). Returns what was carried ({} when nothing was)."""
+def adopt_legacy_journal(artifacts: Path) -> CatalogChanges | None:
+    """Write the served bundle's journal of the previous format (inside the bundle) beside the versions, where every
+    version reads it, when no journal is there yet; returns what was written (None when nothing was). Before a
+    publish or a rollback: the version switched to has no such file, and would serve retired items again."""
     served = served_bundle(artifacts)
     if served is None or journal_home(served) != artifacts.resolve() or journal_file(served).exists():
-        return {}
+        return None
     with journal_lock(served):
         changes = read_journal(served)  # the previous format's, unless a server has just written the new one
         if journal_file(served).exists() or not (changes.added or changes.retired):
-            return {}
+            return None
         write_journal(served, changes)
+    log.info("catalogue journal of %s written beside the versions (%s)", served.name, journal_file(served))
+    return changes
+
+
+def carry_changes(artifacts: Path, bundle: Path) -> dict[str, Any]:
+    """Before ``bundle`` is published into ARTIFACTS/versions: it reads the journal beside the versions, as every
+    version does, so nothing needs copying but a journal of the previous format (`adopt_legacy_journal`). Returns
+    what was carried ({} when nothing was)."""
+    changes = adopt_legacy_journal(artifacts)
+    if changes is None:
+        return {}
     trained = set(np.load(bundle / ITEM_IDS, allow_pickle=False).tolist())
     pending = [item for item in changes.added if str(item["item_id"]) not in trained]
     return {"retired_items": len(changes.retired), "pending_items": len(pending)}
