@@ -14,7 +14,6 @@ unless each kind's median at the largest size stays within 3 x the smallest's an
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -29,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from offline.bench.faults.reliability import print_report
 from offline.bench.lib.processes import SERVICE_APP, UvicornProcess
 from service.system.catalog import read_journal
 from service.system.journal import journal_file, write_records
@@ -132,19 +132,16 @@ def journal_bench(bundle: Path, sizes: tuple[int, ...], changes: int, seed: int 
               for kind in ("add", "retire")}
     flat = all(r <= 3.0 for r in ratios.values())
     return {"bench": "journal", "bundle": bundle.name, "rows": rows, "median_ratio_largest_to_smallest": ratios,
-            "kill_9": kill, "flat": flat, "ok": flat and kill["ok"]}
+            "kill_9": kill, "flat": flat, "passed": flat and kill["ok"]}
 
 
 def run_journal(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     sizes = tuple(int(s) for s in str(args.sizes).split(","))
     report = journal_bench(args.artifact, sizes, args.changes)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0 if report["ok"] else 1
+    command = f"seqrec bench journal --artifact {args.artifact} --sizes {args.sizes} --changes {args.changes}"
+    command += f" --out {args.out}" if args.out else ""
+    return print_report(report, __name__, out=args.out, command=command)
 
 
 def main(argv: list[str] | None = None) -> int:
