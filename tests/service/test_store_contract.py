@@ -198,7 +198,8 @@ async def test_the_previous_release_s_keys_read_as_they_are_and_convert_on_the_f
                     assert await store.history(who) == await memory.history(who)
             old = [key async for key in raw.scan_iter(match=f"{redis_prefix}history:*")]
             converted = {user for user in users if await raw.exists(f"{redis_prefix}{{{user}}}:history")}
-            assert converted and all(f"{redis_prefix}history:{user}".encode() not in old for user in converted)
+            assert converted
+            assert all(f"{redis_prefix}history:{user}".encode() not in old for user in converted)
             assert await raw.exists(*(f"{redis_prefix}{kind}:{user}" for kind in ("seen", "cut")
                                       for user in converted)) == 0
             assert await store.delete(users[0]) is True

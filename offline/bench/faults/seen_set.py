@@ -35,10 +35,12 @@ TIE = 1_700_000_000.0
 SLOWLOG_LEN = 1_000_000
 
 
-def _pinger(url: str, stop: Any, out: Any) -> None:
+def _pinger(url: str, ready: Any, stop: Any, out: Any) -> None:
     """Another client, in a process of its own (no GIL shared with the appending one): PING round trips in ms."""
     times = []
     with redis.Redis.from_url(url) as client:
+        client.ping()
+        ready.set()
         while not stop.is_set():
             start = time.perf_counter()
             client.ping()
@@ -61,11 +63,12 @@ async def _one_size(store: RedisStore, admin: redis.Redis, url: str, size: int, 
     admin.config_set("slowlog-max-len", SLOWLOG_LEN)  # the script's own commands are logged too (Redis 7)
     admin.slowlog_reset()
     context = multiprocessing.get_context("spawn")
-    stop, out = context.Event(), context.Queue()
-    pinger = context.Process(target=_pinger, args=(url, stop, out))
+    ready, stop, out = context.Event(), context.Event(), context.Queue()
+    pinger = context.Process(target=_pinger, args=(url, ready, stop, out))
     pinger.start()
     try:
-        await asyncio.sleep(1.0)  # the pinger's interpreter started and connected
+        if not ready.wait(120):
+            raise RuntimeError("the PING client did not start")
         for k in range(appends):
             await store.append(user, [Event(f"new{k}", TIE)], MAX_LEN)
     finally:
