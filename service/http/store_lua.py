@@ -11,8 +11,9 @@ seen set to its newest ``seen_cap`` items.
 
 What an event costs does not grow with what the user has seen: the window is read whole (``max_len`` entries,
 the model's), but the seen set and the cut ties are sorted sets touched one member at a time (ZADD, ZSCORE, the
-cap enforced by ZREMRANGEBYRANK), never read whole. (The cut ties were a list decoded whole on every append: a
-user with 10,000 events cut at one timestamp made each of their appends block Redis for 35 ms.)
+cap enforced by ZREMRANGEBYRANK), never read whole. (The cut ties were a list decoded whole on every append, so
+a user with many events cut at one timestamp made each of their appends block Redis: issue 66;
+`seqrec bench seen-set` measures it now.)
 
 Timestamps are compared as the doubles ``cjson`` parses from the JSON Python wrote, and stored only as that
 JSON, never re-encoded in Lua (whose number formatting keeps 14 digits): the cut ties' timestamp is kept as the
