@@ -83,9 +83,11 @@ def add_bench_parser(sub: SubParsers, common: argparse.ArgumentParser) -> None:
     _add_set(p, "config override for every model (repeatable), e.g. --set train.patience=5")
     _add_shorthands(p)
     p.set_defaults(handler=_run_bench)
-    tools = p.add_subparsers(dest="bench_tool", metavar="{latency,serve,index,merge,scale,parity,two-stage}",
+    tools = p.add_subparsers(dest="bench_tool",
+                             metavar="{latency,serve,index,merge,scale,parity,two-stage,seen-set,journal}",
                              required=False)
-    for add in (_add_merge, _add_latency, _add_serve, _add_index, _add_scale, _add_parity, _add_two_stage):
+    for add in (_add_merge, _add_latency, _add_serve, _add_index, _add_scale, _add_parity, _add_two_stage,
+                _add_seen_set, _add_journal):
         add(tools, common)
 
 
@@ -284,6 +286,36 @@ def _add_two_stage(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     two.set_defaults(handler=_run_two_stage)
 
 
+def _add_seen_set(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    seen = tools.add_parser(
+        "seen-set", parents=[common], help="an append's Redis time against the user's seen-set size",
+        description="Start a redis-server on a free port; for each size, give one user that many distinct items "
+        "(all at one timestamp), then time single-event appends inside Redis (SLOWLOG) while another process "
+        "PINGs. Prints a JSON report; exits 1 unless the append's median stays within 3x from the smallest size "
+        "to the largest and the PING p99 within 3x + 1 ms.",
+    )
+    seen.add_argument("--sizes", default="10,100,1000,10000", help="seen-set sizes, comma-separated")
+    seen.add_argument("--appends", type=at_least(1), default=200, help="single-event appends timed per size")
+    seen.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    seen.set_defaults(handler=_run_seen_set)
+
+
+def _add_journal(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    journal = tools.add_parser(
+        "journal", parents=[common], help="a catalogue change's time against the journal's size, and kill -9",
+        description="Serve --artifact (a copy of it) with a real server; time POST /admin/items (one pending "
+        "item) and DELETE /admin/items/{id} at each journal size, then kill -9 the server in the middle of a "
+        "stream of changes and check that the restarted server serves exactly the acknowledged ones. Prints a "
+        "JSON report; exits 1 unless a change's median stays within 3x from the smallest size to the largest and "
+        "no acknowledged change is lost.",
+    )
+    journal.add_argument("--artifact", type=Path, required=True, help="a bundle (copied; never modified)")
+    journal.add_argument("--sizes", default="10,100000", help="pending items in the journal, comma-separated")
+    journal.add_argument("--changes", type=at_least(1), default=30, help="changes of each kind timed per size")
+    journal.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    journal.set_defaults(handler=_run_journal)
+
+
 # --------------------------------------------------------------------------- handlers (imports load here)
 
 
@@ -305,3 +337,5 @@ _run_index = _deferred("offline.bench.compute.index", "run_index_bench")
 _run_scale = _deferred("offline.bench.serve.scale", "run_scale")
 _run_parity = _deferred("offline.bench.quality.parity", "run_parity")
 _run_two_stage = _deferred("offline.bench.quality.two_stage", "run_two_stage")
+_run_seen_set = _deferred("offline.bench.faults.seen_set", "run_seen_set")
+_run_journal = _deferred("offline.bench.faults.journal", "run_journal")

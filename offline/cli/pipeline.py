@@ -20,7 +20,8 @@ def add_pipeline_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
         "train retriever -> export index -> mine -> train ranker -> evaluate -> publish. Publishing moves the "
         "bundle into ARTIFACTS/versions/<version> and then switches ARTIFACTS/current atomically; a failing "
         "stage never touches current. Prints stage times and the retriever and two-stage metrics.",
-        epilog="Roll out to a running service with `curl -X POST localhost:8000/admin/reload` (plus the API key).",
+        epilog="Roll out to a running service with `curl -X POST localhost:8000/admin/reload` (plus the API key); "
+        "`seqrec rollback` switches back.",
     )
     p.add_argument("--config", type=Path, default=os.environ.get("SEQREC_PIPELINE_CONFIG"),
                    help="pipeline YAML (default $SEQREC_PIPELINE_CONFIG)")
@@ -49,6 +50,34 @@ def _pipeline(args: argparse.Namespace) -> int:
     summary = run_pipeline(args.config, args.out, resume=args.resume, keep=args.keep, threads=args.threads,
                            warm_start=args.warm_start)
     print(summary_table(summary))
+    return 0
+
+
+def add_rollback_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "rollback", parents=[common], help="switch ARTIFACTS/current back to the previously published version",
+        description="Point ARTIFACTS/current at the version published before the one it names (or --to VERSION), "
+        "atomically and under the pipeline's lock. The catalogue journal lives beside the versions, so retired "
+        "items stay retired and added items stay added. Running servers follow within SEQREC_RELOAD_POLL_S; "
+        "--reload URL asks one at once (POST /admin/reload, with --api-key or $SEQREC_API_KEY).",
+    )
+    p.add_argument("--artifacts", type=Path, required=True, help="artifacts folder (versions/, current)")
+    p.add_argument("--to", default=None, metavar="VERSION", help="the version to switch to (default: the previous)")
+    p.add_argument("--reload", default=None, metavar="URL", help="a server to reload now, e.g. http://127.0.0.1:8000")
+    p.add_argument("--api-key", default=os.environ.get("SEQREC_API_KEY") or None,
+                   help="the server's API key (default $SEQREC_API_KEY)")
+    p.set_defaults(handler=_rollback)
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from offline.jobs.rollback import ask_reload, rollback
+
+    old, new = rollback(args.artifacts, args.to)
+    print(f"current: {old} -> {new}")
+    if args.reload:
+        answer = ask_reload(args.reload, args.api_key)
+        print(f"{args.reload}: {answer.get('status')} ({answer.get('previous_version')} -> "
+              f"{answer.get('model_version')})")
     return 0
 
 

@@ -3,8 +3,9 @@
 * ``take_added_items``: after ``prepare``, the items added through ``POST /admin/items`` since the served
   bundle was published join the prepared catalogue (items.parquet, with their columns), so the next
   training gives them item rows (and interactions, when the source data has some by then).
-* ``carry_changes``: before ``publish``, the retired ids, and the items added while the run trained, go into the
-  new bundle's journal, so what was retired stays out of what is served and nothing added is lost.
+* ``carry_changes``: before ``publish``, a served bundle's journal of the previous format (inside the bundle) is
+  written beside the versions, where the new version reads it, so what was retired stays out of what is served
+  and nothing added is lost (a journal already beside the versions needs nothing).
 * ``served_bundle``: the bundle ``ARTIFACTS/current`` names, for ``warm_start``.
 """
 
@@ -24,7 +25,8 @@ from offline.data.prepare import _write_atomically
 from offline.data.prepared import ITEMS, SEQUENCES, USERS, load_prepared
 from offline.jobs.versions import CURRENT
 from retriever.artifact import CATALOGUE, ITEM_IDS
-from service.system.catalog import CatalogChanges, read_journal, write_journal
+from service.system.catalog import CatalogChanges, journal_lock, read_journal, write_journal
+from service.system.journal import journal_file, journal_home
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +88,31 @@ def _admin_items(served: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if k != "item_idx"} for row in rows.to_pylist()]
 
 
+def adopt_legacy_journal(artifacts: Path) -> CatalogChanges | None:
+    """Write the served bundle's journal of the previous format (inside the bundle) beside the versions, where every
+    version reads it, when no journal is there yet; returns what was written (None when nothing was). Before a
+    publish or a rollback: the version switched to has no such file, and would serve retired items again."""
+    served = served_bundle(artifacts)
+    if served is None or journal_home(served) != artifacts.resolve() or journal_file(served).exists():
+        return None
+    with journal_lock(served):
+        changes = read_journal(served)  # the previous format's, unless a server has just written the new one
+        if journal_file(served).exists() or not (changes.added or changes.retired):
+            return None
+        write_journal(served, changes)
+    log.info("catalogue journal of %s written beside the versions (%s)", served.name, journal_file(served))
+    return changes
+
+
 def carry_changes(artifacts: Path, bundle: Path) -> dict[str, Any]:
-    """Write into ``bundle``'s journal, as they are at publish time, the served bundle's retired ids and the added
-    items ``bundle`` lacks (added while this run trained: they were lost at the publish). Nothing when neither."""
-    changes = served_changes(artifacts)
+    """Before ``bundle`` is published into ARTIFACTS/versions: it reads the journal beside the versions, as every
+    version does, so nothing needs copying but a journal of the previous format (`adopt_legacy_journal`). Returns
+    what was carried ({} when nothing was)."""
+    changes = adopt_legacy_journal(artifacts)
+    if changes is None:
+        return {}
     trained = set(np.load(bundle / ITEM_IDS, allow_pickle=False).tolist())
     pending = [item for item in changes.added if str(item["item_id"]) not in trained]
-    if not changes.retired and not pending:
-        return {}
-    write_journal(bundle, CatalogChanges(added=pending, retired=list(changes.retired)))
     return {"retired_items": len(changes.retired), "pending_items": len(pending)}
 
 

@@ -20,7 +20,8 @@ from typing import Any
 from ranker.artifact import FOLDER as RANKER_FOLDER
 from service.http.deps import State
 from service.system.bundle import Bundle, BundleError
-from service.system.catalog import JOURNAL, synced
+from service.system.catalog import synced
+from service.system.journal import signature
 from service.system.loader import resolve_bundle
 
 log = logging.getLogger("seqrec.service")
@@ -62,14 +63,14 @@ def same_manifest(bundle: Bundle) -> bool:
         return False
 
 
-def _published(s: State) -> tuple[str, str, str, str] | None:
-    """(target, manifest text, ranker manifest text or "", catalogue journal text or "") of ``current`` now; None
-    when it cannot be read."""
+def _published(s: State) -> tuple[str, str, str, object] | None:
+    """(target, manifest text, ranker manifest text or "", the catalogue journal's `signature`) of ``current``
+    now; None when it cannot be read."""
     try:
         path = resolve_bundle(s.settings.artifacts)
-        ranker, journal = path / RANKER_FOLDER / "manifest.json", path / JOURNAL
+        ranker = path / RANKER_FOLDER / "manifest.json"
         return (str(path), (path / "manifest.json").read_text(), ranker.read_text() if ranker.exists() else "",
-                journal.read_text() if journal.exists() else "")
+                signature(path))
     except (BundleError, OSError):
         return None
 

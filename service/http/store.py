@@ -15,13 +15,15 @@ Per user, a store keeps two things:
 
 Two stores share one protocol and one behaviour (one contract test runs both):
 
-- ``RedisStore``: per user a list ``{prefix}history:{user_id}`` (the window, each entry a compact JSON object
-  ``{"i": item_id, "t": timestamp}``, ``"t"`` left out when there is none), a sorted set ``{prefix}seen:{user_id}``
-  (score = the order of recording) and a list ``{prefix}cut:{user_id}`` (the events last cut from the window at
-  its newest cut timestamp, so a replayed old event is still known as a duplicate). An append is one Lua script
-  (`service.http.store_lua`): atomic, one round trip. Lists written before the seen set existed read as they are
-  (their items count as seen); the seen set starts with the first event appended after the upgrade (no
-  migration step). ``GET /readyz`` sets ``{prefix}probe`` (expires in 10 s) to learn whether Redis takes writes.
+- ``RedisStore``: per user, four keys in one hash slot (tagged ``{user_id}``, so a Redis Cluster keeps them on one
+  node): a list ``{prefix}{user_id}:history`` (the window, each entry a compact JSON object ``{"i": item_id, "t":
+  timestamp}``, ``"t"`` left out when there is none), a sorted set ``:seen`` (score = the order of recording), a
+  sorted set ``:cut`` and a string ``:cut_at`` (the items last cut from the window at its newest cut timestamp, and
+  that timestamp, so a replayed old event is still known as a duplicate). An append is one Lua script
+  (`service.http.store_lua`): atomic, one round trip, its cost flat in the size of the seen set. Keys of the
+  previous release (``{prefix}history:{user_id}``, ``seen:``, ``cut:``) are read as they are and converted on the
+  user's first append; lists written before the seen set existed read as they are too (their items count as
+  seen). ``GET /readyz`` sets ``{prefix}probe`` (expires in 10 s) to learn whether Redis takes writes.
 - ``MemoryStore``: the in-process default when no Redis URL is configured (one process, lost on restart).
 
 Any failure to reach Redis (refused, reset, timeout, still loading its dataset, out of pooled connections), and
@@ -37,8 +39,7 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from itertools import islice
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -51,6 +52,7 @@ from common.redis_url import redact_url
 from service.http.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
 from service.http.settings import DEFAULT_SEEN_CAP, Settings
 from service.http.store_lua import APPEND
+from service.http.store_memory import Record
 
 log = logging.getLogger(__name__)
 
@@ -145,39 +147,6 @@ def _check_events(events: Sequence[Event]) -> None:
             raise ValueError(f"events must be Event instances, got {type(event).__name__}")
 
 
-@dataclass
-class _Record:
-    window: list[Event] = field(default_factory=list)
-    seen: dict[str, None] = field(default_factory=dict)  # oldest recorded first
-    cut: list[Event] = field(default_factory=list)  # the last events cut from the window, at its newest cut time
-
-    def is_duplicate(self, event: Event) -> bool:
-        return event.timestamp is not None and (event in self.cut or event in self.window)
-
-    def insert(self, event: Event) -> None:
-        pos = len(self.window)
-        if event.timestamp is not None:
-            while pos > 0 and (t := self.window[pos - 1].timestamp) is not None and t > event.timestamp:
-                pos -= 1
-        self.window.insert(pos, event)
-
-    def record_seen(self, item_id: str) -> None:
-        self.seen.pop(item_id, None)
-        self.seen[item_id] = None
-
-    def trim(self, max_len: int, seen_cap: int) -> None:
-        excess = len(self.window) - max_len
-        for event in self.window[: max(excess, 0)]:
-            t, cut_t = event.timestamp, self.cut[-1].timestamp if self.cut else None
-            if t is not None and (cut_t is None or t > cut_t):
-                self.cut = []
-            if t is not None and (cut_t is None or t >= cut_t):
-                self.cut.append(event)
-        del self.cut[:-seen_cap], self.window[: max(excess, 0)]
-        for item in list(islice(self.seen, max(len(self.seen) - seen_cap, 0))):
-            del self.seen[item]
-
-
 class MemoryStore:
     """Histories in a dict. Safe under asyncio: no method awaits while it touches the dict."""
 
@@ -185,14 +154,14 @@ class MemoryStore:
 
     def __init__(self, *, seen_cap: int = DEFAULT_SEEN_CAP) -> None:
         self.seen_cap = _check_seen_cap(seen_cap)
-        self._records: dict[str, _Record] = {}
+        self._records: dict[str, Record] = {}
 
     def _append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
         record = self._records.get(user_id)
         if not events:  # nothing recorded, nothing cut: as Redis, which is not even called
             return 0 if record is None else len(record.window)
         if record is None:
-            record = self._records[user_id] = _Record()
+            record = self._records[user_id] = Record()
         for event in events:
             if not record.is_duplicate(event):
                 record.insert(event)
@@ -219,7 +188,7 @@ class MemoryStore:
 
     async def read(self, user_id: str) -> UserHistory:
         _check_user(user_id)
-        record = self._records.get(user_id) or _Record()
+        record = self._records.get(user_id) or Record()
         return UserHistory(list(record.window), frozenset(record.seen).union(e.item_id for e in record.window))
 
     async def delete(self, user_id: str) -> bool:
@@ -260,13 +229,14 @@ def _decode_window(raw_entries: list[bytes | str], user_id: str) -> list[Event]:
 
 
 class RedisStore:
-    """Histories in Redis lists, through redis-py's asyncio client and a bounded connection pool."""
+    """Histories in Redis lists and sorted sets, through redis-py's asyncio client and a bounded connection pool."""
 
     name = "redis"
 
     def __init__(self, url: str, *, prefix: str = "seqrec:", timeout_ms: float = 250.0, pool_size: int = 64,
-                 seen_cap: int = DEFAULT_SEEN_CAP) -> None:
+                 seen_cap: int = DEFAULT_SEEN_CAP, legacy_keys: bool = True) -> None:
         self.seen_cap = _check_seen_cap(seen_cap)
+        self.legacy_keys = legacy_keys  # read and convert the previous release's keys (outside the user's slot)
         if timeout_ms <= 0:
             raise ValueError(f"timeout_ms must be > 0, got {timeout_ms}")
         if pool_size < 1:
@@ -289,15 +259,18 @@ class RedisStore:
         self._redis = aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes both
         self._append_script = self._redis.register_script(APPEND)
 
-    def _key(self, user_id: str) -> str:
-        return f"{self.prefix}history:{user_id}"
-
     def _keys(self, user_id: str) -> list[str]:
-        """The window, the seen set, the cut ties: the order `service.http.store_lua.APPEND` takes them in."""
-        return [self._key(user_id), f"{self.prefix}seen:{user_id}", f"{self.prefix}cut:{user_id}"]
+        """The keys `service.http.store_lua.APPEND` takes, in its order: the window, the seen set, the cut ties and
+        their timestamp, all tagged ``{user_id}`` (one hash slot); then, with ``legacy_keys``, the previous
+        release's window, seen set and cut ties, which the script converts on the user's first append."""
+        tagged = f"{self.prefix}{{{user_id}}}:"
+        keys = [f"{tagged}history", f"{tagged}seen", f"{tagged}cut", f"{tagged}cut_at"]
+        if self.legacy_keys:
+            keys += [f"{self.prefix}{kind}:{user_id}" for kind in ("history", "seen", "cut")]
+        return keys
 
     def _script_args(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> list[str | int]:
-        args: list[str | int] = [max_len, self.seen_cap]
+        args: list[str | int] = [max_len, self.seen_cap, 7 if self.legacy_keys else 4]
         for _, events in batch:
             args.append(len(events))
             for e in events:
@@ -327,8 +300,7 @@ class RedisStore:
         _check_max_len(max_len)
         _check_events(events)
         if not events:
-            with self._unavailable_as_store_error([user_id]):
-                return int(await self._redis.llen(self._key(user_id)))
+            return len((await self._read(user_id, seen=False))[0])
         return (await self._append_batch([(user_id, events)], max_len))[0]
 
     async def append_many(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> None:
@@ -341,28 +313,38 @@ class RedisStore:
 
     async def history(self, user_id: str) -> list[Event]:
         _check_user(user_id)
-        with self._unavailable_as_store_error([user_id]):
-            raw_entries = await self._redis.lrange(self._key(user_id), 0, -1)
-        return _decode_window(raw_entries, user_id)
+        return _decode_window((await self._read(user_id, seen=False))[0], user_id)
 
     async def read(self, user_id: str) -> UserHistory:
         _check_user(user_id)
-        window_key, seen_key, _ = self._keys(user_id)
-        with self._unavailable_as_store_error([user_id]):
-            try:
-                raw_entries, seen = await self._read_keys(window_key, seen_key, transaction=True)
-            except rex.OutOfMemoryError:
-                # Past maxmemory Redis queues no MULTI block, reads included; it then takes no write but a deletion
-                # (whose window items stay seen by the union below), so the reads without MULTI see one history.
-                raw_entries, seen = await self._read_keys(window_key, seen_key, transaction=False)
+        raw_entries, seen = await self._read(user_id, seen=True)
         events = _decode_window(raw_entries, user_id)
         return UserHistory(events, frozenset(i.decode() for i in seen).union(e.item_id for e in events))
 
-    async def _read_keys(self, window_key: str, seen_key: str, *, transaction: bool) -> list[Any]:
+    async def _read(self, user_id: str, *, seen: bool) -> tuple[list[Any], list[Any]]:
+        """(window entries, seen items) of the tagged keys, read together; the previous release's keys' while
+        the user has no tagged ones (not converted yet: that is the first append's work)."""
+        keys = self._keys(user_id)
+        pairs = [(keys[0], keys[1]), *([(keys[4], keys[5])] if self.legacy_keys else [])]
+        with self._unavailable_as_store_error([user_id]):
+            try:
+                found = await self._read_keys(pairs, seen=seen, transaction=True)
+            except rex.OutOfMemoryError:
+                # Past maxmemory Redis queues no MULTI block, reads included; it then takes no write but a deletion
+                # (whose window items stay seen by the union in `read`), so the reads without MULTI see one history.
+                found = await self._read_keys(pairs, seen=seen, transaction=False)
+        return next((pair for pair in found if pair[0] or pair[1]), found[0])
+
+    async def _read_keys(self, pairs: list[tuple[str, str]], *, seen: bool,
+                         transaction: bool) -> list[tuple[list[Any], list[Any]]]:
         async with self._redis.pipeline(transaction=transaction) as pipe:
-            pipe.lrange(window_key, 0, -1)
-            pipe.zrange(seen_key, 0, -1)
-            return list(await pipe.execute())
+            for window_key, seen_key in pairs:
+                pipe.lrange(window_key, 0, -1)
+                if seen:
+                    pipe.zrange(seen_key, 0, -1)
+            replies = list(await pipe.execute())
+        step = 2 if seen else 1
+        return [(replies[k], replies[k + 1] if seen else []) for k in range(0, len(replies), step)]
 
     async def delete(self, user_id: str) -> bool:
         _check_user(user_id)

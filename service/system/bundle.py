@@ -48,6 +48,7 @@ class Bundle:
     retired: frozenset[int] = frozenset()
     changes: Any = None
     base: Bundle | None = None
+    pending_count: int = 0  # added items without a vector in this model (they wait for the next training)
     # stored users' vectors, keyed by user and history; a reload brings a new bundle, so an empty cache
     user_cache: UserVectors = field(default_factory=UserVectors, repr=False, compare=False)
     # For `find`: ids, lowercase titles and popularity ranks in popularity order, computed once at load.

@@ -1,10 +1,11 @@
 """Catalogue changes without retraining: items added (`POST /admin/items`) and retired (`DELETE /admin/items/{id}`).
 
-The changes live in a journal beside the served bundle (``BUNDLE/catalogue_changes.json``, written atomically)
-and are applied to the bundle as loaded from disk every time it is loaded (start, reload) and after every
-change, so a restart or a reload serves exactly what was answered before it. A publish makes a new bundle
-folder without a journal: the pipeline has taken the added items into its training data and carries the
-retired ones over (`offline.jobs.catalog`).
+The changes live in a journal beside the published versions (``ARTIFACTS/catalogue_changes.jsonl``; a bundle
+served from another folder keeps it inside; format and place: `service.system.journal`), appended to, never
+rewritten, and are applied to the bundle as loaded from disk every time it is loaded (start, reload, rollback)
+and after every change, so a restart, a reload or a rollback to an older version serves exactly what was
+answered before it. A publish needs no copy: the new version reads the same journal, and the items the pipeline
+took into its training data (`offline.jobs.catalog`) are served as trained items, their journal rows skipped.
 
 * An added item of a model with item features (``model.item_features``, e.g. Beauty's ``attributes``) gets
   a vector at once: its ID part is zero and its feature part the mean of its known feature values' trained
@@ -21,14 +22,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fcntl
 import functools
-import json
 import math
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,103 +33,175 @@ import faiss
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from common.atomic import atomic_write, replace_dir
+from common.atomic import replace_dir
 from ranker.artifact import unit_item_vectors
 from ranker.tables import TorchTables
 from retriever.artifact import CATALOGUE, item_matrix
 from retriever.features import feature_rows, feature_vocabulary
 from service.system.bundle import Bundle, BundleError
+from service.system.journal import (
+    JOURNAL,
+    LEGACY_FORMAT,
+    LEGACY_JOURNAL,
+    JournalError,
+    Position,
+    Record,
+    append_record,
+    journal_file,
+    journal_lock,
+    read_records,
+    read_since,
+    write_records,
+)
 from service.system.loader import Inference, load_bundle
 
-JOURNAL = "catalogue_changes.json"
-LOCK = ".catalogue_changes.lock"
-FORMAT = "seqrec.catalogue-changes/1"
-
+__all__ = ["JOURNAL", "LEGACY_JOURNAL", "journal_lock"]  # re-exported: callers import them from here
 
 class CatalogChanges(BaseModel):
-    """The journal: items added (``item_id`` plus catalogue columns), in order, and ids retired."""
+    """The journal's changes: items added (``item_id`` plus catalogue columns), in order, and ids retired.
+
+    A served bundle's changes grow in place as changes are journalled (`extend`), with an id set beside the lists,
+    so a change costs the same however many items the journal holds: the object always matches the bundle the
+    engine serves (a change that fails leaves it as it was)."""
 
     model_config = ConfigDict(extra="allow")
 
-    format: str = FORMAT
+    format: str = LEGACY_FORMAT
     added: list[dict[str, Any]] = Field(default_factory=list)
     retired: list[str] = Field(default_factory=list)
+    _ids: set[str] | None = PrivateAttr(default=None)  # added and retired ids, built on first use
+    _position: Position | None = PrivateAttr(default=None)  # how much of the journal file these are
 
     @property
     def added_ids(self) -> list[str]:
         return [str(item["item_id"]) for item in self.added]
 
+    def _id_set(self) -> set[str]:
+        if self._ids is None:
+            self._ids = {*self.added_ids, *(f"\0{i}" for i in self.retired)}
+        return self._ids
+
+    def is_added(self, item_id: str) -> bool:
+        return item_id in self._id_set()
+
+    def is_retired(self, item_id: str) -> bool:
+        return f"\0{item_id}" in self._id_set()
+
+    def extend(self, records: list[Record], position: Position | None) -> None:
+        """Take in journalled changes (after they are applied to the bundle that serves them)."""
+        ids = self._id_set()
+        for record in records:
+            for row in record.get("added", []):
+                self.added.append(row)
+                ids.add(str(row["item_id"]))
+            for item in map(str, record.get("retired", [])):
+                if f"\0{item}" not in ids:
+                    self.retired.append(item)
+                    ids.add(f"\0{item}")
+        self._position = position
+
 
 def read_journal(bundle_path: Path) -> CatalogChanges:
-    """The bundle's journal; an empty one when there is none."""
-    file = bundle_path / JOURNAL
-    if not file.is_file():
-        return CatalogChanges()
+    """The changes that apply to the bundle (`service.system.journal`); none when there is no journal."""
     try:
-        return CatalogChanges.model_validate(json.loads(file.read_text()))
-    except (OSError, ValueError, ValidationError) as err:
-        raise BundleError(f"{file}: unreadable catalogue journal: {str(err).splitlines()[0]}") from None
+        records, position = read_records(bundle_path)
+    except (OSError, JournalError) as err:
+        raise BundleError(str(err) if isinstance(err, JournalError) else
+                          f"{journal_file(bundle_path)}: unreadable catalogue journal: {err}") from None
+    changes = CatalogChanges()
+    changes.extend(records, position)
+    return changes
 
 
 def write_journal(bundle_path: Path, changes: CatalogChanges) -> None:
-    text = json.dumps(changes.model_dump(mode="json"), indent=2) + "\n"
-    atomic_write(bundle_path / JOURNAL, lambda p: p.write_text(text))
-
-
-@contextmanager
-def journal_lock(bundle_path: Path) -> Iterator[None]:
-    """Hold ``BUNDLE/.catalogue_changes.lock`` (flock, waiting for it): one catalogue change at a time across the
-    service's worker processes, each read from the journal on disk and written back whole. A lock file replaced
-    while waiting (`seqrec export` swaps the whole folder) is opened again, so every holder locks the same file."""
-    while True:
-        with (bundle_path / LOCK).open("a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                current = os.stat(bundle_path / LOCK).st_ino
-            except FileNotFoundError:
-                continue
-            if current != os.fstat(handle.fileno()).st_ino:
-                continue
-            yield
-            return
+    """Replace the journal that applies to ``bundle_path`` with ``changes`` (one line of them)."""
+    write_records(bundle_path, [{"added": changes.added, "retired": changes.retired}]
+                  if changes.added or changes.retired else [])
 
 
 def keeping_catalogue_changes(staging: Path, bundle_path: Path) -> None:
     """Replace ``bundle_path`` by its staged copy ``staging`` (`common.atomic.replace_dir`) under the journal
-    lock, with the journal as it is then: a catalogue change a server made while the copy was built (an export's
-    seconds) was lost, and a retired item recommended again."""
+    lock, with the journal files it holds as they are then (a bundle outside ARTIFACTS/versions keeps its journal
+    inside): a catalogue change a server made while the copy was built (an export's seconds) was lost, and a
+    retired item recommended again."""
     with journal_lock(bundle_path):
-        journal = bundle_path / JOURNAL
-        if journal.exists():
-            shutil.copyfile(journal, staging / JOURNAL)
-        else:
-            (staging / JOURNAL).unlink(missing_ok=True)
+        for name in (JOURNAL, LEGACY_JOURNAL):
+            if (bundle_path / name).exists():
+                shutil.copyfile(bundle_path / name, staging / name)
+            else:
+                (staging / name).unlink(missing_ok=True)
         replace_dir(staging, bundle_path)
 
 
 def synced(bundle: Bundle) -> Bundle:
-    """``bundle`` with the journal on disk applied when it differs from what ``bundle`` serves (another worker
-    changed the catalogue), else ``bundle`` itself."""
-    changes = read_journal(bundle.path)
-    return bundle if changes == (bundle.changes or CatalogChanges()) else apply_changes(bundle, changes)
+    """``bundle`` with what other workers journalled since it was loaded applied (only the lines after those it
+    has read), else ``bundle`` itself."""
+    changes: CatalogChanges = bundle.changes or CatalogChanges()
+    since = None if changes._position is None else _read_since(bundle.path, changes._position)
+    if since is None:  # never read, or the file was replaced: read it whole
+        full = read_journal(bundle.path)
+        if (full.added, full.retired, full._position) == (changes.added, changes.retired, changes._position):
+            return bundle
+        return apply_changes(bundle, full)
+    records, position = since
+    return apply_records(bundle, records, position) if records else bundle
+
+
+def _read_since(bundle_path: Path, position: Position) -> tuple[list[Record], Position] | None:
+    try:
+        return read_since(bundle_path, position)
+    except (OSError, JournalError) as err:
+        raise BundleError(str(err)) from None
+
+
+def commit(bundle: Bundle, record: Record) -> Bundle:
+    """Journal one change (``{"added": rows}`` or ``{"retired": ids}``) and return ``bundle`` with it applied.
+    Call it holding `journal_lock`, with ``bundle`` `synced`: nothing changes when the write fails (OSError)."""
+    new = apply_records(bundle, [record], None, take=False)
+    append_record(bundle.path, record)
+    changes: CatalogChanges = new.changes
+    inode_size = os.stat(journal_file(bundle.path))
+    changes.extend([record], (inode_size.st_ino, inode_size.st_size))
+    return new
 
 
 def load_served(path: Path, *, inference: Inference = "auto", threads: int = 1) -> Bundle:
     """`service.system.loader.load_bundle`, then the bundle's catalogue journal applied: what the service serves."""
     base = load_bundle(path, inference=inference, threads=threads)
-    changes = read_journal(base.path)
-    return apply_changes(base, changes) if changes.added or changes.retired else base
+    return apply_changes(base, read_journal(base.path))
 
 
 def apply_changes(base: Bundle, changes: CatalogChanges) -> Bundle:
     """``base`` (as loaded from disk, no change applied) with ``changes`` applied."""
     base = base.base or base
-    vectorised, features = _vectorisable(base, changes.added)
+    if not (changes.added or changes.retired):
+        return dataclasses.replace(base, changes=changes, base=None, pending_count=0)
+    return _apply(base, base, changes.added, changes.retired, changes)
+
+
+def apply_records(bundle: Bundle, records: list[Record], position: Position | None, *, take: bool = True) -> Bundle:
+    """``bundle`` (changes applied) with more changes applied on top: the cost of the new changes alone. With
+    ``take``, the bundle's changes take them in (else the caller does, once they are journalled)."""
+    changes: CatalogChanges = bundle.changes or CatalogChanges()
+    added = [row for r in records for row in r.get("added", [])]
+    retired = [str(i) for r in records for i in r.get("retired", [])]
+    new = _apply(bundle.base or bundle, bundle, added, retired, changes)
+    if take:
+        changes.extend(records, position)
+    return new
+
+
+def _apply(base: Bundle, served: Bundle, added: list[dict[str, Any]], retired_ids: list[str],
+           changes: CatalogChanges) -> Bundle:
+    """``served`` (``base`` with some changes applied, or ``base`` itself) with ``added`` and ``retired_ids``
+    applied as well; items ``served`` already has are skipped (a later version trained them)."""
+    fresh = [row for row in added if str(row["item_id"]) not in served.index_of]
+    vectorised, features = _vectorisable(base, fresh)
     new_ids = [str(item["item_id"]) for item in vectorised]
-    n_old, n_new = base.n_items, len(new_ids)
-    artifact, vectors, tables = base.artifact, base.vectors, base.tables
+    n_old, n_new = served.n_items, len(new_ids)
+    artifact, vectors, tables = served.artifact, served.vectors, served.tables
     if n_new:
         model = copy.deepcopy(artifact.model)
         model.encoder.add_items(torch.from_numpy(features))
@@ -144,17 +213,19 @@ def apply_changes(base: Bundle, changes: CatalogChanges) -> Bundle:
         artifact = dataclasses.replace(artifact, model=model, index=index,
                                        item_ids=np.concatenate([artifact.item_ids, np.asarray(new_ids, dtype=str)]))
         tables = None if tables is None else extend_tables(tables, n_new)
-    index_of = {**base.index_of, **{item: n_old + 1 + j for j, item in enumerate(new_ids)}}
-    retired = frozenset(index_of[i] for i in changes.retired if i in index_of)
-    popularity = np.concatenate([base.popularity, np.zeros(n_new)])
-    order = np.concatenate([base.popular, np.arange(n_old + 1, n_old + 1 + n_new)])
+    index_of = {**served.index_of, **{item: n_old + 1 + j for j, item in enumerate(new_ids)}}
+    retired = served.retired | frozenset(index_of[i] for i in retired_ids if i in index_of)
+    popularity = np.concatenate([served.popularity, np.zeros(n_new)])
+    order = np.concatenate([served.popular, np.arange(n_old + 1, n_old + 1 + n_new)])
     popular = order[~np.isin(order, np.fromiter(retired, dtype=np.int64, count=len(retired)))]
-    metadata = [*base.metadata, *(_metadata(item) for item in vectorised)]
+    metadata = [*served.metadata, *(_metadata(item) for item in vectorised)]
     # The compiled encoder embeds the trained item table: with added items the extended model runs eagerly.
-    compiled = base.compiled_encoder if not n_new else None
-    inference = {**base.inference, "encoder": "eager"} if n_new else base.inference
+    compiled = served.compiled_encoder if not n_new else None
+    inference = {**served.inference, "encoder": "eager"} if n_new else served.inference
+    n_pending = served.pending_count + len(fresh) - n_new
     return Bundle(base.path, artifact, base.ranker, tables, vectors, index_of, metadata, popular, popularity,
-                  compiled_encoder=compiled, inference=dict(inference), retired=retired, changes=changes, base=base)
+                  compiled_encoder=compiled, inference=dict(inference), retired=retired, changes=changes, base=base,
+                  pending_count=n_pending)
 
 
 def pending(bundle: Bundle) -> list[str]:

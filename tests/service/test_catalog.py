@@ -17,7 +17,7 @@ import torch
 from offline.cli import main as seqrec
 from retriever.artifact import rewrite_index
 from retriever.index import IndexSpec, search
-from service.system.catalog import JOURNAL, CatalogChanges, apply_changes, load_served
+from service.system.catalog import JOURNAL, LEGACY_JOURNAL, CatalogChanges, apply_changes, load_served, read_journal
 from service.system.loader import load_bundle
 from tests.service.support import SHARED_REDIS, Server, serving
 
@@ -105,7 +105,7 @@ def test_every_worker_serves_and_keeps_every_workers_changes(served_copy: Path, 
                 r = client.delete(f"/admin/items/{item}")
                 assert (r.status_code, r.json()["already"]) == (200, False), r.text
             assert client.post("/admin/items", json={"items": [{"item_id": "new-1"}]}).status_code == 200
-            assert CatalogChanges.model_validate_json((served_copy / JOURNAL).read_text()).retired == retired
+            assert read_journal(served_copy).retired == retired
             for _ in range(12):  # the changes need no poll to be seen by a change
                 assert client.post("/admin/items", json={"items": [{"item_id": "new-1"}]}).status_code == 409
                 assert client.delete(f"/admin/items/{retired[0]}").json()["already"] is True
@@ -190,7 +190,7 @@ def test_a_new_item_vector_is_its_feature_mean_and_the_index_finds_it(served_cop
     assert bundle.index_of["i1"] in bundle.retired
     assert bundle.index_of["i1"] not in bundle.popular.tolist()
     assert base.n_items == len(base.artifact.item_ids)  # the loaded bundle itself is untouched
-    (served_copy / JOURNAL).write_text(changes.model_dump_json())
+    (served_copy / LEGACY_JOURNAL).write_text(changes.model_dump_json())  # the previous format still loads
     again = load_served(served_copy)
     assert np.array_equal(again.vectors.numpy(), bundle.vectors.numpy())
 
@@ -200,7 +200,7 @@ def test_an_export_keeps_the_catalogue_changes_a_server_makes_meanwhile(served_c
     """`seqrec export` copied the bundle, built the index for seconds, then swapped the copy in: retirements a
     server journaled in between were lost (acknowledged, then recommended again after the reload)."""
     from retriever import artifact
-    from service.system.catalog import journal_lock, read_journal, write_journal
+    from service.system.catalog import journal_lock, write_journal
 
     write_journal(served_copy, CatalogChanges(retired=["i1"]))
     build = artifact.build_index

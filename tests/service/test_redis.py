@@ -39,9 +39,9 @@ def test_events_then_recommend_by_user_id(redis_api: Server, module_redis_prefix
         batch = {"events": [{"user_id": user, "item_id": i} for i in ("i2", "i3", "i999")]}
         assert client.post("/events", json=batch).json() == {"stored": 3, "users": 1, "unknown_items": ["i999"]}
 
-        # what the service wrote is in Redis, under the configured prefix, one JSON entry per event
+        # what the service wrote is in Redis, under the configured prefix and the user's tag, one JSON entry per event
         with redis.Redis.from_url(SHARED_REDIS) as raw:
-            entries = [json.loads(e) for e in raw.lrange(f"{module_redis_prefix}history:{user}", 0, -1)]
+            entries = [json.loads(e) for e in raw.lrange(f"{module_redis_prefix}{{{user}}}:history", 0, -1)]
         assert entries == [{"i": "i1", "t": 10.0}, {"i": "i2"}, {"i": "i3"}, {"i": "i999"}]
         assert [e["item_id"] for e in client.get(f"/users/{user}/history").json()["items"]] == [
             "i1", "i2", "i3", "i999"]
@@ -165,7 +165,7 @@ def test_a_key_another_program_wrote_is_a_409_that_a_delete_clears(redis_api: Se
     user = f"user-{uuid.uuid4().hex[:8]}"
     admin = redis.Redis.from_url(SHARED_REDIS)
     try:
-        admin.set(f"{module_redis_prefix}history:{user}", "not a list")
+        admin.set(f"{module_redis_prefix}{{{user}}}:history", "not a list")
         with redis_api.client() as client:
             for response in (client.get(f"/users/{user}/history"),
                              client.post("/recommend", json={"user_id": user, "k": 3}),
@@ -185,6 +185,6 @@ def test_a_key_another_program_wrote_is_a_409_that_a_delete_clears(redis_api: Se
             assert client.delete(f"/users/{user}/history").json()["deleted"] is True
             assert _ok(client.post("/events", json={"user_id": user, "item_id": "i1"}))["stored"] == 1
     finally:
-        admin.delete(*(f"{module_redis_prefix}{kind}:{who}" for kind in ("history", "seen", "cut")
+        admin.delete(*(f"{module_redis_prefix}{{{who}}}:{kind}" for kind in ("history", "seen", "cut", "cut_at")
                        for who in (user, f"{user}-other")))
         admin.close()

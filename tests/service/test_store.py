@@ -117,7 +117,7 @@ async def test_concurrent_appends_are_atomic(store: HistoryStore, request: pytes
         if not isinstance(store, RedisStore):
             return
         async with aioredis.Redis.from_url(SHARED_REDIS) as raw:
-            key = f"{store.prefix}history:u1"
+            key = f"{store.prefix}{{u1}}:history"
             while not done.is_set():
                 lengths_seen.append(int(await raw.llen(key)))
 

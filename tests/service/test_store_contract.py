@@ -2,15 +2,18 @@
 127.0.0.1:6379, db 15, a unique key prefix): the window in timestamp order, exact duplicates dropped, the seen
 set past the window and its cap, checked against hand-written answers and against a plain reference (a stable
 sort by timestamp after dropping repeats of (item, timestamp), as ``seqrec prepare`` does); then the two stores
-against each other on random events, and Redis lists written before the seen set existed."""
+against each other on random events, Redis lists written before the seen set existed, and keys the previous
+release wrote (its own script, kept as a fixture) converted on the first append."""
 
 from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis.crc import key_slot
 
 from service.http.settings import DEFAULT_SEEN_CAP
 from service.http.store import Event, HistoryStore, MemoryStore, RedisStore
@@ -150,5 +153,72 @@ async def test_redis_lists_from_before_the_seen_set_still_read(redis_prefix: str
         stored = await store.read("old")
         assert _window(stored.events) == [("b", 10.0), ("c", None), ("d", 20.0)]
         assert stored.seen == {"a", "b", "c", "d"}
+    finally:
+        await store.close()
+
+
+OLD_APPEND = (Path(__file__).parent / "fixtures" / "append_v1.lua").read_text()
+
+
+async def _old_append(raw: aioredis.Redis, prefix: str, batch: list[tuple[str, list[Event]]], max_len: int,
+                      seen_cap: int) -> None:
+    """Appends as the previous release made them (its script, its key names)."""
+    keys = [f"{prefix}{kind}:{user}" for user, _ in batch for kind in ("history", "seen", "cut")]
+    args: list[str | int] = [max_len, seen_cap]
+    for _, events in batch:
+        args.append(len(events))
+        for e in events:
+            args += [json.dumps({"i": e.item_id, **({} if e.timestamp is None else {"t": e.timestamp})}), e.item_id,
+                     "" if e.timestamp is None else repr(e.timestamp)]
+    await raw.eval(OLD_APPEND, len(keys), *keys, *args)
+
+
+async def test_the_previous_release_s_keys_read_as_they_are_and_convert_on_the_first_append(redis_prefix: str) -> None:
+    """Histories the previous release wrote (its own append script: untagged keys, the cut ties a list) read the same
+    before any append, and after the first append they live in the tagged keys only, the old ones gone; then each
+    user goes on exactly as an in-process store given every event from the start (ties at one timestamp, so the cut
+    ties are many and replays of cut events frequent)."""
+    rng = random.Random(5)
+    memory = MemoryStore(seen_cap=6)
+    store = RedisStore(SHARED_REDIS, prefix=redis_prefix, timeout_ms=5000, seen_cap=6)
+    users = [f"u{u}" for u in range(6)]
+    try:
+        async with aioredis.Redis.from_url(SHARED_REDIS) as raw:
+            for step in range(60):
+                user = rng.choice(users)
+                events = [Event(f"i{rng.randint(0, 9)}", rng.choice([None, 1.0, 1.0, 2.0]))
+                          for _ in range(rng.randint(1, 4))]
+                await memory.append(user, events, max_len=3)
+                if step < 40:
+                    await _old_append(raw, redis_prefix, [(user, events)], max_len=3, seen_cap=6)
+                else:
+                    await store.append(user, events, max_len=3)
+                for who in users:
+                    assert await store.read(who) == await memory.read(who), (step, who)
+                    assert await store.history(who) == await memory.history(who)
+            old = [key async for key in raw.scan_iter(match=f"{redis_prefix}history:*")]
+            converted = {user for user in users if await raw.exists(f"{redis_prefix}{{{user}}}:history")}
+            assert converted
+            assert all(f"{redis_prefix}history:{user}".encode() not in old for user in converted)
+            assert await raw.exists(*(f"{redis_prefix}{kind}:{user}" for kind in ("seen", "cut")
+                                      for user in converted)) == 0
+            assert await store.delete(users[0]) is True
+            assert await raw.exists(*store._keys(users[0])) == 0
+    finally:
+        await store.close()
+
+
+async def test_without_the_previous_release_s_names_each_user_s_keys_share_one_hash_slot(redis_prefix: str) -> None:
+    store = RedisStore(SHARED_REDIS, prefix=redis_prefix, timeout_ms=5000, seen_cap=3, legacy_keys=False)
+    try:
+        for user in ("u1", "a}b", "{x}"):
+            await store.append(user, [Event(i, 1.0) for i in "abcdef"], max_len=2)  # window, seen, cut, cut_at
+            assert (await store.read(user)).seen == set("def")
+            async with aioredis.Redis.from_url(SHARED_REDIS) as raw:
+                written = [key for key in store._keys(user) if await raw.exists(key)]
+            assert len(written) == 4
+            assert len({key_slot(key.encode()) for key in written}) == 1
+            assert await store.append(user, [Event("c", 1.0)], max_len=2) == 2  # cut at 1.0: a duplicate
+            assert _window(await store.history(user)) == [("e", 1.0), ("f", 1.0)]
     finally:
         await store.close()

@@ -1,7 +1,7 @@
 """``POST /admin/items`` (add items without retraining) and ``DELETE /admin/items/{item_id}`` (retire one).
 
 The change is made under the journal's lock (one at a time across worker processes), checked against the served
-bundle with the journal on disk applied, applied to a copy of it (`service.system.catalog`), written to the bundle's
+bundle with the journal on disk applied, applied to a copy of it (`service.system.catalog`), appended to the
 journal and only then swapped in, so a failed write changes nothing, no worker's change overwrites another's,
 and a restart serves what every worker answered. The other workers serve the journal within one reload poll
 (`service.http.reloading.watch_current`)."""
@@ -9,8 +9,7 @@ and a restart serves what every worker answered. The other workers serve the jou
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -18,6 +17,7 @@ from fastapi import APIRouter, HTTPException
 
 from retriever.artifact import CATALOGUE
 from service.http.deps import EngineDep
+from service.http.engine import Engine
 from service.http.schemas import (
     CONFLICT,
     INVALID,
@@ -31,16 +31,7 @@ from service.http.schemas import (
     RetireResponse,
 )
 from service.system.bundle import Bundle, BundleError
-from service.system.catalog import (
-    CatalogChanges,
-    apply_changes,
-    catalogue_vocabulary,
-    feature_column,
-    journal_lock,
-    pending,
-    synced,
-    write_journal,
-)
+from service.system.catalog import CatalogChanges, catalogue_vocabulary, commit, feature_column, journal_lock, synced
 
 log = logging.getLogger("seqrec.service")
 
@@ -53,16 +44,13 @@ async def add_items(body: AddItemsRequest, engine: EngineDep) -> dict[str, Any]:
     rows = [item.model_dump(exclude_none=True) for item in body.items]
     _check_columns(engine.bundle, rows)
 
-    def change(served: Bundle) -> Bundle:
-        with _journal(served) as bundle:
-            changes = bundle.changes or CatalogChanges()
-            taken = {*bundle.index_of, *changes.added_ids}
-            clash = [row["item_id"] for row in rows if row["item_id"] in taken]
-            if clash:
-                raise HTTPException(409, f"already in the catalogue: {', '.join(map(repr, clash[:5]))}")
-            return _commit(bundle, changes.model_copy(update={"added": [*changes.added, *rows]}))
+    def change(bundle: Bundle, changes: CatalogChanges) -> Bundle:
+        clash = [i for i in (row["item_id"] for row in rows) if i in bundle.index_of or changes.is_added(i)]
+        if clash:
+            raise HTTPException(409, f"already in the catalogue: {', '.join(map(repr, clash[:5]))}")
+        return _commit(bundle, {"added": rows})
 
-    _, new = await engine.update(change)
+    new = await _change(engine, change)
     log.info("catalogue: %d items added (%s)", len(rows), new.version)
     return {**_summary(new), "items": [_added(new, row) for row in rows]}
 
@@ -72,40 +60,51 @@ async def add_items(body: AddItemsRequest, engine: EngineDep) -> dict[str, Any]:
 async def retire_item(item_id: PathId, engine: EngineDep) -> dict[str, Any]:
     already = False
 
-    def change(served: Bundle) -> Bundle:
+    def change(bundle: Bundle, changes: CatalogChanges) -> Bundle:
         nonlocal already
-        with _journal(served) as bundle:
-            changes = bundle.changes or CatalogChanges()
-            if item_id not in bundle.index_of and item_id not in changes.added_ids:
-                raise HTTPException(404, f"item {item_id!r} is not in the catalogue of model {bundle.version}")
-            if item_id in changes.retired:
-                already = True
-                return bundle
-            return _commit(bundle, changes.model_copy(update={"retired": [*changes.retired, item_id]}))
+        if item_id not in bundle.index_of and not changes.is_added(item_id):
+            raise HTTPException(404, f"item {item_id!r} is not in the catalogue of model {bundle.version}")
+        if changes.is_retired(item_id):
+            already = True
+            return bundle
+        return _commit(bundle, {"retired": [item_id]})
 
-    _, new = await engine.update(change)
+    new = await _change(engine, change)
     return {"item_id": item_id, "retired": True, "already": already, "model_version": new.version}
 
 
-@contextmanager
-def _journal(served: Bundle) -> Iterator[Bundle]:
-    """Under the journal's lock, the served bundle with what other workers wrote to the journal applied: a change
-    starts from the journal on disk, never from one worker's copy, so no worker's change is written over."""
-    try:
-        with journal_lock(served.path):
-            yield synced(served)
-    except (OSError, BundleError) as err:
-        raise HTTPException(503, f"cannot use the catalogue journal beside {served.path}: {err}") from None
+async def _change(engine: Engine, change: Callable[[Bundle, CatalogChanges], Bundle]) -> Bundle:
+    """Run ``change`` under the journal's lock on the served bundle with what other workers journalled applied (a
+    change starts from the journal on disk, never from one worker's copy, so no worker's change is written over).
+    That bundle is served from then on even when ``change`` refuses (its HTTPException is raised after the swap):
+    it is what the journal holds."""
+    refused: HTTPException | None = None
+
+    def locked(served: Bundle) -> Bundle:
+        nonlocal refused
+        try:
+            with journal_lock(served.path):
+                bundle = synced(served)
+                try:
+                    return change(bundle, bundle.changes or CatalogChanges())
+                except HTTPException as err:
+                    refused = err
+                    return bundle
+        except (OSError, BundleError) as err:
+            raise HTTPException(503, f"cannot use the catalogue journal beside {served.path}: {err}") from None
+
+    _, new = await engine.update(locked)
+    if refused is not None:
+        raise refused
+    return new
 
 
-def _commit(bundle: Bundle, changes: CatalogChanges) -> Bundle:
-    """The bundle with ``changes`` applied, once they are safely in the journal."""
-    new = apply_changes(bundle, changes)
+def _commit(bundle: Bundle, record: dict[str, Any]) -> Bundle:
+    """The bundle with ``record`` applied, once it is safely appended to the journal."""
     try:
-        write_journal(bundle.path, changes)
+        return commit(bundle, record)
     except OSError as err:
         raise HTTPException(503, f"cannot write the catalogue journal beside {bundle.path}: {err}") from None
-    return new
 
 
 def _check_columns(bundle: Bundle, rows: list[dict[str, Any]]) -> None:
@@ -140,5 +139,5 @@ def _added(bundle: Bundle, row: dict[str, Any]) -> dict[str, Any]:
 
 def _summary(bundle: Bundle) -> dict[str, Any]:
     retired = 0 if bundle.changes is None else len(bundle.changes.retired)
-    return {"model_version": bundle.version, "n_items": bundle.n_items, "pending": len(pending(bundle)),
+    return {"model_version": bundle.version, "n_items": bundle.n_items, "pending": bundle.pending_count,
             "retired": retired}

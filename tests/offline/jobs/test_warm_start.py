@@ -148,7 +148,7 @@ def test_pipeline_takes_catalogue_changes_into_the_next_training_and_warm_starts
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import yaml
 
-    from service.system.catalog import JOURNAL, CatalogChanges, load_served, read_journal, write_journal
+    from service.system.catalog import JOURNAL, CatalogChanges, load_served, pending, read_journal, write_journal
 
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
         "model": {"backbone": "transformer", "d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 10,
@@ -178,9 +178,10 @@ def test_pipeline_takes_catalogue_changes_into_the_next_training_and_warm_starts
     assert "brand-new" in served.index_of  # trained with the catalogue now, not an addition
     assert served.index_of["brand-new"] <= load_artifact(second, with_index=False).n_items
     assert read_journal(second).retired == ["i1"]
-    assert read_journal(second).added == []
+    assert pending(served) == []  # its journal row stays (a rollback to the first version serves it from it)
     assert served.index_of["i1"] in served.retired
-    assert (second / JOURNAL).is_file()
+    assert (artifacts / JOURNAL).is_file()  # beside the versions, not in one
+    assert not (second / JOURNAL).exists()
 
 
 def test_added_items_stay_through_every_retraining_and_one_added_mid_run_is_kept(
@@ -229,5 +230,5 @@ def test_added_items_stay_through_every_retraining_and_one_added_mid_run_is_kept
     assert {"brand-new", "late"} <= set(fourth.index_of)
     assert sorted(json.loads((fourth.path / "pipeline.json").read_text())["stages"]["prepare"]["admin_items"]) == [
         "brand-new", "late"]
-    assert read_journal(fourth.path).added == []
+    assert pending(fourth) == []
     assert fourth.retired == {fourth.index_of["i2"]}
