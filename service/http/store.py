@@ -228,6 +228,12 @@ def _decode_window(raw_entries: list[bytes | str], user_id: str) -> list[Event]:
     return valid
 
 
+def user_keys(prefix: str, user_id: str) -> list[str]:
+    """A user's window, seen set, cut ties and their timestamp, tagged ``{user_id}`` (one hash slot)."""
+    tagged = f"{prefix}{{{user_id}}}:"
+    return [f"{tagged}history", f"{tagged}seen", f"{tagged}cut", f"{tagged}cut_at"]
+
+
 class RedisStore:
     """Histories in Redis lists and sorted sets, through redis-py's asyncio client and a bounded connection pool."""
 
@@ -263,8 +269,7 @@ class RedisStore:
         """The keys `service.http.store_lua.APPEND` takes, in its order: the window, the seen set, the cut ties and
         their timestamp, all tagged ``{user_id}`` (one hash slot); then, with ``legacy_keys``, the previous
         release's window, seen set and cut ties, which the script converts on the user's first append."""
-        tagged = f"{self.prefix}{{{user_id}}}:"
-        keys = [f"{tagged}history", f"{tagged}seen", f"{tagged}cut", f"{tagged}cut_at"]
+        keys = user_keys(self.prefix, user_id)
         if self.legacy_keys:
             keys += [f"{self.prefix}{kind}:{user_id}" for kind in ("history", "seen", "cut")]
         return keys

@@ -46,6 +46,7 @@ from offline.bench.faults.reliability import (
 from offline.bench.lib.load import Answer, Call, LoadRun, Marks, get_json, open_loop, post_json, summary
 from offline.bench.lib.payloads import load_catalogue
 from offline.bench.lib.processes import RedisProcess, free_port
+from service.http.store import user_keys
 
 if TYPE_CHECKING:
     import aiohttp
@@ -190,7 +191,7 @@ def _compare_with_redis(redis_url: str, prefix: str, acked: Mapping[str, set[str
     import redis
 
     with redis.Redis.from_url(redis_url) as client:
-        stored = {user: [json.loads(raw)["i"] for raw in client.lrange(f"{prefix}history:{user}", 0, -1)]
+        stored = {user: [json.loads(raw)["i"] for raw in client.lrange(user_keys(prefix, user)[0], 0, -1)]
                   for user in acked}
     lost = sorted((user, item) for user, items in acked.items() for item in items - set(stored[user]))
     sent = {tuple(a.call.key.split("\t")) for a in answers if a.call.kind == "event" and a.call.key}
