@@ -50,7 +50,7 @@ from common.errors import SeqrecError, first_line
 from common.redis_url import cluster_node_url, redact_url
 from service.http.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
 from service.http.settings import DEFAULT_SEEN_CAP, Settings
-from service.http.store_cluster import append_waiting, by_slot, ping, redis_client
+from service.http.store_cluster import append_waiting, by_slot, connected, ping, redis_client
 from service.http.store_lua import APPEND
 from service.http.store_memory import Record
 
@@ -296,8 +296,8 @@ class RedisStore:
         args = self._script_args(batch, max_len)
         with self._unavailable_as_store_error([user_id for user_id, _ in batch]):
             if not self.wait_replicas:
-                return [int(n) for n in await self._append_script(keys=keys, args=args)]
-            lengths, confirmed = await append_waiting(self._redis, self._append_script, keys, args,
+                return [int(n) for n in await self._append_script(keys, args, await connected(self._redis))]
+            lengths, confirmed = await append_waiting(await connected(self._redis), self._append_script, keys, args,
                                                       self.wait_replicas, self.wait_ms)
         if confirmed < self.wait_replicas:
             raise StoreUnavailable(f"Redis at {self.url} applied the events, but {confirmed} of the "
@@ -347,7 +347,7 @@ class RedisStore:
 
     async def _read_keys(self, pairs: list[tuple[str, str]], *, seen: bool,
                          transaction: bool) -> list[tuple[list[Any], list[Any]]]:
-        async with self._redis.pipeline(transaction=transaction) as pipe:
+        async with (await connected(self._redis)).pipeline(transaction=transaction) as pipe:
             for window_key, seen_key in pairs:
                 pipe.lrange(window_key, 0, -1)
                 if seen:
@@ -359,20 +359,20 @@ class RedisStore:
     async def delete(self, user_id: str) -> bool:
         _check_user(user_id)
         with self._unavailable_as_store_error():
-            return bool(await self._redis.delete(*self._keys(user_id)))
+            return bool(await (await connected(self._redis)).delete(*self._keys(user_id)))
 
     async def ping(self) -> bool:
         try:
-            return await ping(self._redis)
-        except (rex.RedisError, OSError):
+            return await ping(await connected(self._redis))
+        except (rex.RedisError, rex.RedisClusterException, OSError):
             return False
 
     async def writable(self) -> bool:
         """A real write (a probe key under the prefix that expires in 10 s): Redis refuses it exactly when it
         would refuse an event (maxmemory reached under noeviction, READONLY replica, a lost connection)."""
         try:
-            return bool(await self._redis.set(*probe(self.prefix), px=PROBE_MS))
-        except (rex.RedisError, OSError):
+            return bool(await (await connected(self._redis)).set(*probe(self.prefix), px=PROBE_MS))
+        except (rex.RedisError, rex.RedisClusterException, OSError):
             return False
 
     async def close(self) -> None:

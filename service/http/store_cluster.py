@@ -82,6 +82,14 @@ async def by_slot(first_keys: Sequence[str], run: Callable[[list[int]], Awaitabl
     return out
 
 
+async def connected(client: Client) -> Client:
+    """The client, a cluster's slot map read first: redis-py's cluster client read it lazily, and a burst of first
+    commands at once (a new worker under load, a batch's per-slot calls) broke connections it was still opening."""
+    if isinstance(client, RedisCluster):
+        await client.initialize()  # a no-op once read (and after a failover, which marks it to be read again)
+    return client
+
+
 async def ping(client: Client) -> bool:
     """PING every master of a cluster (a dead master without a replica makes its slots unserved), or the Redis."""
     if isinstance(client, RedisCluster):
@@ -96,7 +104,6 @@ async def append_waiting(client: Client, script: AsyncScript, keys: Sequence[str
     (NOSCRIPT means it did not run)."""
     target: dict[str, Any] = {}
     if isinstance(client, RedisCluster):
-        await client.initialize()  # the slot map, read on first use (a no-op once read)
         target["target_nodes"] = client.get_node_from_key(keys[0])
     try:
         return await _script_then_wait(client, script.sha, keys, args, replicas, wait_ms, target)
