@@ -35,7 +35,8 @@ async def test_each_user_s_keys_live_on_one_master_and_users_spread_over_all(red
                                                                              cluster_prefix: str) -> None:
     store = RedisStore(redis_cluster.url, prefix=cluster_prefix, timeout_ms=5000, seen_cap=3)
     try:
-        assert store.name == "redis-cluster" and store.legacy_keys is False
+        assert store.name == "redis-cluster"
+        assert store.legacy_keys is False
         users = [f"u{k}" for k in range(24)]
         # one batch across many slots: one script call per slot, every user's events stored
         await store.append_many([(user, [Event(i, 1.0) for i in "abcdef"]) for user in users], max_len=2)
@@ -43,14 +44,16 @@ async def test_each_user_s_keys_live_on_one_master_and_users_spread_over_all(red
         for user in users:
             assert (await store.read(user)).seen == set("def")
             keys = store._keys(user)
-            assert len(keys) == 4 and len({key_slot(k.encode()) for k in keys}) == 1
+            assert len(keys) == 4
+            assert len({key_slot(k.encode()) for k in keys}) == 1
             owners.add(_owner(redis_cluster, keys[0]))
             assert {_owner(redis_cluster, k) for k in keys} == {_owner(redis_cluster, keys[0])}
         assert owners == {node.port for node in redis_cluster.masters()}
         assert await store.append("u0", [Event("c", 1.0)], max_len=2) == 2  # cut at 1.0: a duplicate, dropped
         assert await store.delete("u0") is True
         assert (await store.read("u0")).events == []
-        assert await store.ping() and await store.writable()
+        assert await store.ping()
+        assert await store.writable()
     finally:
         await store.close()
 
@@ -123,4 +126,5 @@ def test_the_service_over_a_cluster_answers_as_over_one_redis(bundle: Path, redi
             histories = [client.get(f"/users/{user}/history").json()["items"] for user in users]
             answers.append((histories, _lists(client, users)))
     assert answers[0] == answers[1]
-    assert all(answers[1][0]) and all(answers[1][1])
+    assert all(answers[1][0])
+    assert all(answers[1][1])

@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -121,7 +122,7 @@ class RedisClusterProcesses:
                     f"nodes-{node.port}.conf", "--cluster-node-timeout", str(self.node_timeout_ms),
                     appendonly=self.appendonly)
         for node in self.nodes:
-            _wait(f"PING on {node.port}", lambda node=node: _answers_ping(node), timeout_s, self.nodes)
+            _wait(f"PING on {node.port}", partial(_answers_ping, node), timeout_s, self.nodes)
         create = [_binary("redis-cli"), "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
                   "--cluster-replicas", str(self.replicas), "--cluster-yes"]
         done = subprocess.run(create, capture_output=True, text=True, timeout=timeout_s)
