@@ -1,9 +1,10 @@
 """What a history store keeps, one contract for every store (the in-process one, the real Redis at 127.0.0.1:6379,
 db 15, a unique key prefix, and a real Redis Cluster of three masters the tests start): the window in timestamp
-order, exact duplicates dropped, the seen set past the window and its cap, checked against hand-written answers and against a plain reference (a stable
-sort by timestamp after dropping repeats of (item, timestamp), as ``seqrec prepare`` does); then the two stores
-against each other on random events, Redis lists written before the seen set existed, and keys the previous
-release wrote (its own script, kept as a fixture) converted on the first append."""
+order, exact duplicates dropped, the seen set past the window and its cap, checked against hand-written answers
+and against a plain reference (a stable sort by timestamp after dropping repeats of (item, timestamp), as
+``seqrec prepare`` does); then the stores against each other on random events, Redis lists written before the
+seen set existed, and keys the previous release wrote (its own script, kept as a fixture) converted on the first
+append."""
 
 from __future__ import annotations
 
