@@ -50,7 +50,7 @@ from common.errors import SeqrecError, first_line
 from common.redis_url import cluster_node_url, redact_url
 from service.http.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
 from service.http.settings import DEFAULT_SEEN_CAP, Settings
-from service.http.store_cluster import append_waiting, by_slot, connected, ping, redis_client
+from service.http.store_cluster import append_waiting, by_slot, connected, ping, redis_client, within
 from service.http.store_lua import APPEND
 from service.http.store_memory import Record
 
@@ -251,6 +251,8 @@ class RedisStore:
         self.wait_replicas, self.wait_ms = wait_replicas, wait_ms
         # an append that waits for replicas may take wait_ms more than the command timeout before its answer
         timeout_s = (timeout_ms + (wait_ms if wait_replicas else 0)) / 1000
+        # a cluster's client retries through a failover (new slot map, MOVED, TRYAGAIN): bound the whole call
+        self._deadline_s = 4 * timeout_s if self.cluster else None
         self._redis = redis_client(url, pool_size=pool_size, timeout_s=timeout_s)
         self._append_script = self._redis.register_script(APPEND)
 
@@ -288,8 +290,10 @@ class RedisStore:
         cluster, one call per hash slot (a script's keys must share one), sent together."""
         if not self.cluster:
             return await self._append_group(batch, max_len)
-        return await by_slot([self._keys(user_id)[0] for user_id, _ in batch],
-                             lambda group: self._append_group([batch[k] for k in group], max_len))
+        with self._unavailable_as_store_error([user_id for user_id, _ in batch]):
+            return await within(by_slot([self._keys(user_id)[0] for user_id, _ in batch],
+                                        lambda group: self._append_group([batch[k] for k in group], max_len)),
+                                self._deadline_s)
 
     async def _append_group(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> list[int]:
         keys = [key for user_id, _ in batch for key in self._keys(user_id)]
@@ -338,7 +342,7 @@ class RedisStore:
         pairs = [(keys[0], keys[1]), *([(keys[4], keys[5])] if self.legacy_keys else [])]
         with self._unavailable_as_store_error([user_id]):
             try:
-                found = await self._read_keys(pairs, seen=seen, transaction=True)
+                found = await within(self._read_keys(pairs, seen=seen, transaction=True), self._deadline_s)
             except rex.OutOfMemoryError:
                 # Past maxmemory Redis queues no MULTI block, reads included; it then takes no write but a deletion
                 # (whose window items stay seen by the union in `read`), so the reads without MULTI see one history.
@@ -359,7 +363,7 @@ class RedisStore:
     async def delete(self, user_id: str) -> bool:
         _check_user(user_id)
         with self._unavailable_as_store_error():
-            return bool(await (await connected(self._redis)).delete(*self._keys(user_id)))
+            return bool(await within((await connected(self._redis)).delete(*self._keys(user_id)), self._deadline_s))
 
     async def ping(self) -> bool:
         try:

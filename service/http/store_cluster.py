@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 import redis.exceptions as rex
@@ -37,6 +37,7 @@ from redis.crc import key_slot
 from common.redis_url import cluster_node_url
 
 Client = aioredis.Redis | RedisCluster
+T = TypeVar("T")
 
 
 def redis_client(url: str, *, pool_size: int, timeout_s: float) -> Client:
@@ -88,6 +89,11 @@ async def connected(client: Client) -> Client:
     if isinstance(client, RedisCluster):
         await client.initialize()  # a no-op once read (and after a failover, which marks it to be read again)
     return client
+
+
+async def within(call: Awaitable[T], seconds: float | None) -> T:
+    """``call``'s result, or TimeoutError (an OSError: the store's "did not answer in time") after ``seconds``."""
+    return await call if seconds is None else await asyncio.wait_for(call, seconds)
 
 
 async def ping(client: Client) -> bool:

@@ -30,7 +30,14 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from offline.bench.faults.reliability import Started, add_check, check_log, print_report, service_env
+from offline.bench.faults.reliability import (
+    Started,
+    add_check,
+    check_log,
+    log_problems,
+    print_report,
+    service_env,
+)
 from offline.bench.lib.load import Answer, Call, Marks, get_json, open_loop, summary
 from offline.bench.lib.processes import SERVICE_APP, start_server_process
 from offline.bench.lib.redis_cluster import RedisClusterProcesses
@@ -152,6 +159,7 @@ def run_cluster_failover(args: argparse.Namespace) -> int:
             report = cluster_failover(server.url, cluster, rate=args.rate, before_s=args.before,
                                       after_s=args.after, seed=args.seed)
             check_log(report, server)
+            report["server_log_problems"] = [text[-3000:] for text in log_problems(server.log)]
     command = (f"seqrec bench cluster-failover --artifact {args.artifact} --rate {args.rate:g} --before "
                f"{args.before:g} --after {args.after:g} --wait {args.wait} --node-timeout-ms {args.node_timeout_ms}")
     command += f" --out {args.out}" if args.out else ""
