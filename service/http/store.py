@@ -23,9 +23,7 @@ Two stores share one protocol and one behaviour (one contract test runs both):
   (`service.http.store_lua`): atomic, one round trip, its cost flat in the size of the seen set. Keys of the
   previous release (``{prefix}history:{user_id}``, ``seen:``, ``cut:``) are read as they are and converted on the
   user's first append; lists written before the seen set existed read as they are too (their items count as
-  seen). ``GET /readyz`` sets ``{prefix}probe`` (expires in 10 s) to learn whether Redis takes writes. The same
-  store serves a Redis Cluster (``redis+cluster://``; the previous release's keys are not read there) and can
-  wait for replicas to confirm each append (`service.http.store_cluster`).
+  seen). ``GET /readyz`` sets ``{prefix}probe`` (expires in 10 s). A Redis Cluster and WAIT: `service.http.store_cluster`.
 - ``MemoryStore``: the in-process default when no Redis URL is configured (one process, lost on restart).
 
 Any failure to reach Redis (refused, reset, timeout, still loading its dataset, out of pooled connections), and
@@ -48,9 +46,9 @@ import redis.exceptions as rex
 
 from common.errors import SeqrecError, first_line
 from common.redis_url import cluster_node_url, redact_url
+from service.http import store_cluster as rc
 from service.http.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
 from service.http.settings import DEFAULT_SEEN_CAP, Settings
-from service.http.store_cluster import append_waiting, by_slot, connected, ping, redis_client, within
 from service.http.store_lua import APPEND
 from service.http.store_memory import Record
 
@@ -235,8 +233,7 @@ class RedisStore:
     def __init__(self, url: str, *, prefix: str = "seqrec:", timeout_ms: float = 250.0, pool_size: int = 64,
                  seen_cap: int = DEFAULT_SEEN_CAP, legacy_keys: bool = True, wait_replicas: int = 0,
                  wait_ms: int = 100) -> None:
-        self.seen_cap = _check_seen_cap(seen_cap)
-        self.cluster = cluster_node_url(url) is not None
+        self.seen_cap, self.cluster = _check_seen_cap(seen_cap), cluster_node_url(url) is not None
         self.name = "redis-cluster" if self.cluster else "redis"
         # read and convert the previous release's keys: outside the user's slot, so never on a cluster
         self.legacy_keys = legacy_keys and not self.cluster
@@ -251,9 +248,8 @@ class RedisStore:
         self.wait_replicas, self.wait_ms = wait_replicas, wait_ms
         # an append that waits for replicas may take wait_ms more than the command timeout before its answer
         timeout_s = (timeout_ms + (wait_ms if wait_replicas else 0)) / 1000
-        # a cluster's client retries through a failover (new slot map, MOVED, TRYAGAIN): bound the whole call
-        self._deadline_s = 4 * timeout_s if self.cluster else None
-        self._redis = redis_client(url, pool_size=pool_size, timeout_s=timeout_s)
+        self._deadline_s = 4 * timeout_s if self.cluster else None  # its client retries through a failover
+        self._redis = rc.redis_client(url, pool_size=pool_size, timeout_s=timeout_s)
         self._append_script = self._redis.register_script(APPEND)
 
     def _keys(self, user_id: str) -> list[str]:
@@ -284,6 +280,11 @@ class RedisStore:
                                      f"values seqrec did not write ({first_line(e)}); "
                                      "DELETE /users/{user_id}/history clears it") from e
             raise StoreUnavailable(f"Redis at {self.url} {redis_state(e)}: {str(e) or type(e).__name__}") from e
+        except AttributeError as e:
+            if not (self.cluster and rc.dropped_mid_command(e)):
+                raise
+            raise StoreUnavailable(f"Redis at {self.url} is unreachable: a connection closed while the cluster "
+                                   "changed") from e
 
     async def _append_batch(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> list[int]:
         """One script call for every user's events, their key types checked before anything is written; on a
@@ -291,7 +292,7 @@ class RedisStore:
         if not self.cluster:
             return await self._append_group(batch, max_len)
         with self._unavailable_as_store_error([user_id for user_id, _ in batch]):
-            return await within(by_slot([self._keys(user_id)[0] for user_id, _ in batch],
+            return await rc.within(rc.by_slot([self._keys(user_id)[0] for user_id, _ in batch],
                                         lambda group: self._append_group([batch[k] for k in group], max_len)),
                                 self._deadline_s)
 
@@ -300,9 +301,10 @@ class RedisStore:
         args = self._script_args(batch, max_len)
         with self._unavailable_as_store_error([user_id for user_id, _ in batch]):
             if not self.wait_replicas:
-                return [int(n) for n in await self._append_script(keys, args, await connected(self._redis))]
-            lengths, confirmed = await append_waiting(await connected(self._redis), self._append_script, keys, args,
-                                                      self.wait_replicas, self.wait_ms)
+                return [int(n) for n in await self._append_script(keys, args, await rc.connected(self._redis))]
+            client = await rc.connected(self._redis)
+            lengths, confirmed = await rc.append_waiting(client, self._append_script, keys, args, self.wait_replicas,
+                                                         self.wait_ms)
         if confirmed < self.wait_replicas:
             raise StoreUnavailable(f"Redis at {self.url} applied the events, but {confirmed} of the "
                                    f"{self.wait_replicas} replicas required confirmed them within {self.wait_ms} ms "
@@ -342,7 +344,7 @@ class RedisStore:
         pairs = [(keys[0], keys[1]), *([(keys[4], keys[5])] if self.legacy_keys else [])]
         with self._unavailable_as_store_error([user_id]):
             try:
-                found = await within(self._read_keys(pairs, seen=seen, transaction=True), self._deadline_s)
+                found = await rc.within(self._read_keys(pairs, seen=seen, transaction=True), self._deadline_s)
             except rex.OutOfMemoryError:
                 # Past maxmemory Redis queues no MULTI block, reads included; it then takes no write but a deletion
                 # (whose window items stay seen by the union in `read`), so the reads without MULTI see one history.
@@ -351,7 +353,7 @@ class RedisStore:
 
     async def _read_keys(self, pairs: list[tuple[str, str]], *, seen: bool,
                          transaction: bool) -> list[tuple[list[Any], list[Any]]]:
-        async with (await connected(self._redis)).pipeline(transaction=transaction) as pipe:
+        async with (await rc.connected(self._redis)).pipeline(transaction=transaction) as pipe:
             for window_key, seen_key in pairs:
                 pipe.lrange(window_key, 0, -1)
                 if seen:
@@ -363,11 +365,12 @@ class RedisStore:
     async def delete(self, user_id: str) -> bool:
         _check_user(user_id)
         with self._unavailable_as_store_error():
-            return bool(await within((await connected(self._redis)).delete(*self._keys(user_id)), self._deadline_s))
+            client = await rc.connected(self._redis)
+            return bool(await rc.within(client.delete(*self._keys(user_id)), self._deadline_s))
 
     async def ping(self) -> bool:
         try:
-            return await ping(await connected(self._redis))
+            return await rc.ping(await rc.connected(self._redis))
         except (rex.RedisError, rex.RedisClusterException, OSError):
             return False
 
@@ -375,7 +378,7 @@ class RedisStore:
         """A real write (a probe key under the prefix that expires in 10 s): Redis refuses it exactly when it
         would refuse an event (maxmemory reached under noeviction, READONLY replica, a lost connection)."""
         try:
-            return bool(await (await connected(self._redis)).set(*probe(self.prefix), px=PROBE_MS))
+            return bool(await (await rc.connected(self._redis)).set(*probe(self.prefix), px=PROBE_MS))
         except (rex.RedisError, rex.RedisClusterException, OSError):
             return False
 

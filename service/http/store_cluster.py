@@ -91,6 +91,16 @@ async def connected(client: Client) -> Client:
     return client
 
 
+def dropped_mid_command(error: AttributeError) -> bool:
+    """An AttributeError raised inside redis-py's connection code: its asyncio cluster client (8.1) closes a
+    connection that another request is still opening when a failover makes it re-read the slot map
+    (``'NoneType' object has no attribute 'writelines'``). A lost connection, so a 503; any other is a bug."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.endswith("redis/asyncio/connection.py")
+
+
 async def within(call: Awaitable[T], seconds: float | None) -> T:
     """``call``'s result, or TimeoutError (an OSError: the store's "did not answer in time") after ``seconds``."""
     return await call if seconds is None else await asyncio.wait_for(call, seconds)
