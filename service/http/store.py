@@ -23,7 +23,7 @@ Two stores share one protocol and one behaviour (one contract test runs both):
   (`service.http.store_lua`): atomic, one round trip, its cost flat in the size of the seen set. Keys of the
   previous release (``{prefix}history:{user_id}``, ``seen:``, ``cut:``) are read as they are and converted on the
   user's first append; lists written before the seen set existed read as they are too (their items count as
-  seen). ``GET /readyz`` sets ``{prefix}probe`` (expires in 10 s). A Redis Cluster and WAIT: `service.http.store_cluster`.
+  seen). ``GET /readyz`` sets ``{prefix}probe`` (10 s). A Redis Cluster and WAIT: `service.http.store_cluster`.
 - ``MemoryStore``: the in-process default when no Redis URL is configured (one process, lost on restart).
 
 Any failure to reach Redis (refused, reset, timeout, still loading its dataset, out of pooled connections), and
@@ -243,8 +243,7 @@ class RedisStore:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
         if wait_replicas < 0 or wait_ms < 1:
             raise ValueError(f"wait_replicas must be >= 0 and wait_ms >= 1, got {wait_replicas} and {wait_ms}")
-        self.url = redact_url(url)
-        self.prefix = prefix
+        self.url, self.prefix = redact_url(url), prefix
         self.wait_replicas, self.wait_ms = wait_replicas, wait_ms
         # an append that waits for replicas may take wait_ms more than the command timeout before its answer
         timeout_s = (timeout_ms + (wait_ms if wait_replicas else 0)) / 1000
