@@ -84,10 +84,10 @@ def add_bench_parser(sub: SubParsers, common: argparse.ArgumentParser) -> None:
     _add_shorthands(p)
     p.set_defaults(handler=_run_bench)
     tools = p.add_subparsers(dest="bench_tool",
-                             metavar="{latency,serve,index,merge,scale,parity,two-stage,seen-set,journal}",
+                             metavar="{latency,serve,index,merge,scale,parity,two-stage,seen-set,journal,redis-wait,cluster-failover}",
                              required=False)
     for add in (_add_merge, _add_latency, _add_serve, _add_index, _add_scale, _add_parity, _add_two_stage,
-                _add_seen_set, _add_journal):
+                _add_seen_set, _add_journal, _add_redis_wait, _add_cluster_failover):
         add(tools, common)
 
 
@@ -316,6 +316,34 @@ def _add_journal(tools: SubParsers, common: argparse.ArgumentParser) -> None:
     journal.set_defaults(handler=_run_journal)
 
 
+def _add_redis_wait(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    wait = tools.add_parser(
+        "redis-wait", parents=[common], help="an append's latency with and without WAIT for one replica",
+        description="Start a Redis master and one replica; time single-event appends through the history store "
+        "with SEQREC_REDIS_WAIT_REPLICAS=0 and =1, in alternating blocks. Prints a JSON report; exits 1 when an "
+        "append that waited was not confirmed in time.",
+    )
+    wait.add_argument("--appends", type=at_least(1), default=2000, help="appends per block")
+    wait.add_argument("--rounds", type=at_least(1), default=5, help="blocks of each mode, alternating")
+    wait.add_argument("--wait-ms", type=at_least(1), default=100, help="WAIT's timeout (SEQREC_REDIS_WAIT_MS)")
+    wait.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    wait.set_defaults(handler=_run_redis_wait)
+
+
+def _add_cluster_failover(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    from offline.bench.faults.cluster_failover import add_cluster_failover_options
+
+    failover = tools.add_parser(
+        "cluster-failover", parents=[common], help="a Redis Cluster master killed under load: answers, lost events",
+        description="Start a Redis Cluster (3 masters, 3 replicas) and the service on it; kill a master under a "
+        "load of events and user_id reads, wait for its replica to take over, go on; count the HTTP statuses by "
+        "phase and the acknowledged events missing afterwards. Prints a JSON report; exits 1 on an answer other "
+        "than 2xx or 503, a failure after the failover, or a traceback in the server's log.",
+    )
+    add_cluster_failover_options(failover)
+    failover.set_defaults(handler=_run_cluster_failover)
+
+
 # --------------------------------------------------------------------------- handlers (imports load here)
 
 
@@ -339,3 +367,5 @@ _run_parity = _deferred("offline.bench.quality.parity", "run_parity")
 _run_two_stage = _deferred("offline.bench.quality.two_stage", "run_two_stage")
 _run_seen_set = _deferred("offline.bench.faults.seen_set", "run_seen_set")
 _run_journal = _deferred("offline.bench.faults.journal", "run_journal")
+_run_redis_wait = _deferred("offline.bench.faults.redis_wait", "run_redis_wait")
+_run_cluster_failover = _deferred("offline.bench.faults.cluster_failover", "run_cluster_failover")

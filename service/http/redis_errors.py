@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import redis
 import redis.exceptions as rex
 
-from common.redis_url import redact_url
+from common.redis_url import cluster_node_url, redact_url
 
 log = logging.getLogger(__name__)
 PROBE_MS = 10_000  # how long the probe key that tells whether Redis takes writes lives (`probe`)
@@ -26,9 +26,11 @@ PROBE_MS = 10_000  # how long the probe key that tells whether Redis takes write
 # TimeoutError). A Redis that refuses writes (replica, maxmemory reached) is also a "retry later" for the client.
 # So is any other error Redis answers (a database number it lacks, an ACL that forbids the prefix's keys, a key
 # of another type under the prefix): the server's configuration is wrong, not the request, and `seqrec serve`
-# refuses to start on the first two.
+# refuses to start on the first two. A Redis Cluster's client adds its own (RedisClusterException, no RedisError):
+# no node reachable, a slot no master serves.
 REFUSED: tuple[type[BaseException], ...] = (rex.AuthenticationError, rex.AuthorizationError)
-UNREACHABLE: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.TimeoutError, OSError)
+UNREACHABLE: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.TimeoutError, OSError,
+                                                rex.RedisClusterException)
 STORE_ERRORS: tuple[type[BaseException], ...] = (*UNREACHABLE, rex.RedisError)
 REFUSES_WRITES: tuple[type[BaseException], ...] = (rex.ReadOnlyError, rex.OutOfMemoryError)
 
@@ -62,8 +64,11 @@ def refused_configuration(url: str, prefix: str, timeout_s: float = 2.0) -> str 
     on it before it starts. None when Redis takes a probe write under the prefix (expiring in 10 s), or when it
     only cannot for now (down, loading, full, a read-only replica): the service starts then, with a warning, and
     answers 503 on the store's routes until Redis is back."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    client: redis.Redis | redis.RedisCluster | None = None
     try:
+        node = cluster_node_url(url)  # a cluster's client reads the slot map when made: inside the try
+        client = (redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s) if node is None
+                  else redis.RedisCluster.from_url(node, socket_connect_timeout=timeout_s, socket_timeout=timeout_s))
         client.set(*probe(prefix), px=PROBE_MS)
     except STORE_ERRORS as e:
         state, reason = redis_state(e), str(e) or type(e).__name__
@@ -72,7 +77,8 @@ def refused_configuration(url: str, prefix: str, timeout_s: float = 2.0) -> str 
         log.warning("Redis at %s %s now (%s); starting without it: the store's routes answer 503 until it is "
                     "back", redact_url(url), state, reason)
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     return None
 
 

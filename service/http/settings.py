@@ -3,6 +3,8 @@
     SEQREC_ARTIFACTS=artifacts        folder whose ``current`` names the bundle to serve
                                       (or a bundle folder itself)
     SEQREC_REDIS_URL=redis://redis:6379/0   history store; unset = the in-process store
+                                      (redis+cluster://host:port: a Redis Cluster, through any one node)
+    SEQREC_REDIS_WAIT_REPLICAS=0      replicas that must confirm each append (WAIT) before it is acknowledged
     SEQREC_SEEN_CAP=10000             items remembered per user for ``exclude_seen`` (see ``service.http.store``)
     SEQREC_API_KEY=...                required as ``Authorization: Bearer`` on writes, /admin,
                                       GET /users/{id}/history and POST /recommend with a user_id
@@ -28,7 +30,8 @@ from common.redis_url import check_redis_url
 DEFAULT_SEEN_CAP = 10_000
 
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py's from_url accepts
+# what redis-py's from_url accepts, and a Redis Cluster's seed node (`common.redis_url.cluster_node_url`)
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 MIN_POLL_S = 0.1
 
 
@@ -50,6 +53,10 @@ class Settings(BaseSettings):
     redis_prefix: str = Field("seqrec:", description="prefix of every Redis key the service writes")
     redis_timeout_ms: float = Field(250.0, gt=0, description="connect and command timeout")
     redis_pool_size: int = Field(64, ge=1, description="connections in the Redis pool")
+    redis_wait_replicas: int = Field(0, ge=0, le=16, description="replicas that must confirm each append (Redis "
+                                     "WAIT) before it is acknowledged, else 503; 0 = acknowledged once the master "
+                                     "has it")
+    redis_wait_ms: int = Field(100, ge=1, le=10_000, description="how long an append waits for those replicas")
     seen_cap: int = Field(DEFAULT_SEEN_CAP, ge=1, description="items remembered per user for `exclude_seen`; past "
                           "it the least recently recorded are forgotten")
     api_key: SecretStr | None = Field(None, description="when set, writes, /admin, GET /users/{id}/history and "
@@ -95,7 +102,7 @@ class Settings(BaseSettings):
         shown = url if "@" not in url else "***@" + url.rsplit("@", 1)[1]  # credentials never reach a log
         if not url.startswith(REDIS_SCHEMES):
             raise ValueError(f"{shown!r} is not a Redis URL: it must start with {', '.join(REDIS_SCHEMES)}")
-        return check_redis_url(url)
+        return check_redis_url(url, cluster=True)
 
     @field_validator("host", "artifacts", mode="before")
     @classmethod

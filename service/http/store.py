@@ -23,7 +23,7 @@ Two stores share one protocol and one behaviour (one contract test runs both):
   (`service.http.store_lua`): atomic, one round trip, its cost flat in the size of the seen set. Keys of the
   previous release (``{prefix}history:{user_id}``, ``seen:``, ``cut:``) are read as they are and converted on the
   user's first append; lists written before the seen set existed read as they are too (their items count as
-  seen). ``GET /readyz`` sets ``{prefix}probe`` (expires in 10 s) to learn whether Redis takes writes.
+  seen). ``GET /readyz`` sets ``{prefix}probe`` (10 s). A Redis Cluster and WAIT: `service.http.store_cluster`.
 - ``MemoryStore``: the in-process default when no Redis URL is configured (one process, lost on restart).
 
 Any failure to reach Redis (refused, reset, timeout, still loading its dataset, out of pooled connections), and
@@ -42,13 +42,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
 import redis.exceptions as rex
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from common.errors import SeqrecError, first_line
-from common.redis_url import redact_url
+from common.redis_url import cluster_node_url, redact_url
+from service.http import store_cluster as rc
 from service.http.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
 from service.http.settings import DEFAULT_SEEN_CAP, Settings
 from service.http.store_lua import APPEND
@@ -89,7 +87,7 @@ class UserHistory:
 
 
 class HistoryStore(Protocol):
-    name: str  # "redis" or "memory"
+    name: str  # "redis", "redis-cluster" or "memory"
     seen_cap: int
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
@@ -235,34 +233,28 @@ def user_keys(prefix: str, user_id: str) -> list[str]:
 
 
 class RedisStore:
-    """Histories in Redis lists and sorted sets, through redis-py's asyncio client and a bounded connection pool."""
-
-    name = "redis"
+    """Histories in Redis lists and sorted sets, through redis-py's asyncio client (a Redis Cluster's for a
+    ``redis+cluster://`` URL) and bounded connection pools."""
 
     def __init__(self, url: str, *, prefix: str = "seqrec:", timeout_ms: float = 250.0, pool_size: int = 64,
-                 seen_cap: int = DEFAULT_SEEN_CAP, legacy_keys: bool = True) -> None:
-        self.seen_cap = _check_seen_cap(seen_cap)
-        self.legacy_keys = legacy_keys  # read and convert the previous release's keys (outside the user's slot)
+                 seen_cap: int = DEFAULT_SEEN_CAP, legacy_keys: bool = True, wait_replicas: int = 0,
+                 wait_ms: int = 100) -> None:
+        self.seen_cap, self.cluster = _check_seen_cap(seen_cap), cluster_node_url(url) is not None
+        self.name = "redis-cluster" if self.cluster else "redis"
+        # read and convert the previous release's keys: outside the user's slot, so never on a cluster
+        self.legacy_keys = legacy_keys and not self.cluster
         if timeout_ms <= 0:
             raise ValueError(f"timeout_ms must be > 0, got {timeout_ms}")
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
-        self.url = redact_url(url)
-        self.prefix = prefix
-        timeout_s = timeout_ms / 1000
-        # One immediate retry on connection errors only: it replaces a pooled connection that died while idle
-        # (Redis restarted) without the caller noticing. Timeouts are not retried, so a hung Redis costs one
-        # timeout; a down one is refused at once. redis-py's default (3 retries with backoff) would be slower.
-        # The blocking pool waits up to the timeout for a free connection instead of failing under bursts.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=pool_size,
-            timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            socket_timeout=timeout_s,
-            retry=Retry(NoBackoff(), retries=1, supported_errors=(rex.ConnectionError,)),
-        )
-        self._redis = aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes both
+        if wait_replicas < 0 or wait_ms < 1:
+            raise ValueError(f"wait_replicas must be >= 0 and wait_ms >= 1, got {wait_replicas} and {wait_ms}")
+        self.url, self.prefix = redact_url(url), prefix
+        self.wait_replicas, self.wait_ms = wait_replicas, wait_ms
+        # an append that waits for replicas may take wait_ms more than the command timeout before its answer
+        timeout_s = (timeout_ms + (wait_ms if wait_replicas else 0)) / 1000
+        self._deadline_s = 4 * timeout_s if self.cluster else None  # its client retries through a failover
+        self._redis = rc.redis_client(url, pool_size=pool_size, timeout_s=timeout_s)
         self._append_script = self._redis.register_script(APPEND)
 
     def _keys(self, user_id: str) -> list[str]:
@@ -292,12 +284,35 @@ class RedisStore:
                                      f"values seqrec did not write ({first_line(e)}); "
                                      "DELETE /users/{user_id}/history clears it") from e
             raise StoreUnavailable(f"Redis at {self.url} {redis_state(e)}: {str(e) or type(e).__name__}") from e
+        except AttributeError as e:
+            if not (self.cluster and rc.dropped_mid_command(e)):
+                raise
+            raise StoreUnavailable(f"Redis at {self.url} is unreachable: a connection closed while the cluster "
+                                   "changed") from e
 
     async def _append_batch(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> list[int]:
-        """One script call for every user's events: their key types checked before anything is written."""
-        keys = [key for user_id, _ in batch for key in self._keys(user_id)]
+        """One script call for every user's events, their key types checked before anything is written; on a
+        cluster, one call per hash slot (a script's keys must share one), sent together."""
+        if not self.cluster:
+            return await self._append_group(batch, max_len)
         with self._unavailable_as_store_error([user_id for user_id, _ in batch]):
-            lengths = await self._append_script(keys=keys, args=self._script_args(batch, max_len))
+            return await rc.within(rc.by_slot([self._keys(user_id)[0] for user_id, _ in batch],
+                                        lambda group: self._append_group([batch[k] for k in group], max_len)),
+                                self._deadline_s)
+
+    async def _append_group(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> list[int]:
+        keys = [key for user_id, _ in batch for key in self._keys(user_id)]
+        args = self._script_args(batch, max_len)
+        with self._unavailable_as_store_error([user_id for user_id, _ in batch]):
+            if not self.wait_replicas:
+                return [int(n) for n in await self._append_script(keys, args, await rc.connected(self._redis))]
+            client = await rc.connected(self._redis)
+            lengths, confirmed = await rc.append_waiting(client, self._append_script, keys, args, self.wait_replicas,
+                                                         self.wait_ms)
+        if confirmed < self.wait_replicas:
+            raise StoreUnavailable(f"Redis at {self.url} applied the events, but {confirmed} of the "
+                                   f"{self.wait_replicas} replicas required confirmed them within {self.wait_ms} ms "
+                                   "(SEQREC_REDIS_WAIT_REPLICAS): they may not survive the master's loss")
         return [int(n) for n in lengths]
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
@@ -333,7 +348,7 @@ class RedisStore:
         pairs = [(keys[0], keys[1]), *([(keys[4], keys[5])] if self.legacy_keys else [])]
         with self._unavailable_as_store_error([user_id]):
             try:
-                found = await self._read_keys(pairs, seen=seen, transaction=True)
+                found = await rc.within(self._read_keys(pairs, seen=seen, transaction=True), self._deadline_s)
             except rex.OutOfMemoryError:
                 # Past maxmemory Redis queues no MULTI block, reads included; it then takes no write but a deletion
                 # (whose window items stay seen by the union in `read`), so the reads without MULTI see one history.
@@ -342,7 +357,7 @@ class RedisStore:
 
     async def _read_keys(self, pairs: list[tuple[str, str]], *, seen: bool,
                          transaction: bool) -> list[tuple[list[Any], list[Any]]]:
-        async with self._redis.pipeline(transaction=transaction) as pipe:
+        async with (await rc.connected(self._redis)).pipeline(transaction=transaction) as pipe:
             for window_key, seen_key in pairs:
                 pipe.lrange(window_key, 0, -1)
                 if seen:
@@ -354,20 +369,21 @@ class RedisStore:
     async def delete(self, user_id: str) -> bool:
         _check_user(user_id)
         with self._unavailable_as_store_error():
-            return bool(await self._redis.delete(*self._keys(user_id)))
+            client = await rc.connected(self._redis)
+            return bool(await rc.within(client.delete(*self._keys(user_id)), self._deadline_s))
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._redis.ping())
-        except (rex.RedisError, OSError):
+            return await rc.ping(await rc.connected(self._redis))
+        except (rex.RedisError, rex.RedisClusterException, OSError):
             return False
 
     async def writable(self) -> bool:
         """A real write (a probe key under the prefix that expires in 10 s): Redis refuses it exactly when it
         would refuse an event (maxmemory reached under noeviction, READONLY replica, a lost connection)."""
         try:
-            return bool(await self._redis.set(*probe(self.prefix), px=PROBE_MS))
-        except (rex.RedisError, OSError):
+            return bool(await (await rc.connected(self._redis)).set(*probe(self.prefix), px=PROBE_MS))
+        except (rex.RedisError, rex.RedisClusterException, OSError):
             return False
 
     async def close(self) -> None:
@@ -383,5 +399,7 @@ def make_store(settings: Settings) -> HistoryStore:
             timeout_ms=settings.redis_timeout_ms,
             pool_size=settings.redis_pool_size,
             seen_cap=settings.seen_cap,
+            wait_replicas=settings.redis_wait_replicas,
+            wait_ms=settings.redis_wait_ms,
         )
     return MemoryStore(seen_cap=settings.seen_cap)

@@ -1,6 +1,6 @@
 """Fixtures of the service tests: the tiny bundle (trained once per session), the Redis at 127.0.0.1:6379
-(db 15, a unique key prefix, keys deleted afterwards), a throwaway redis-server, and the API served by a real
-uvicorn process."""
+(db 15, a unique key prefix, keys deleted afterwards), a throwaway redis-server, a Redis Cluster of three masters
+(started once per session), and the API served by a real uvicorn process."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from offline.bench.lib.redis_cluster import RedisClusterProcesses
 from offline.cli import main as seqrec
 from service.http.settings import Settings
 from service.http.store import HistoryStore, make_store
@@ -80,6 +81,36 @@ def module_redis_prefix() -> Iterator[str]:
     _delete_prefix(prefix)
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
+    """Three masters, no replicas, nothing on disk: `redis-server --cluster-enabled yes` x 3 joined by
+    `redis-cli --cluster create`, once `cluster_state:ok` on every node; stopped at the session's end."""
+    needs.program("redis-server")
+    needs.program("redis-cli")
+    with RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster"), masters=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_prefix(redis_cluster: RedisClusterProcesses) -> Iterator[str]:
+    """A unique prefix on the session's cluster; every key under it is deleted afterwards, on every master."""
+    prefix = f"seqrec-test:{uuid.uuid4().hex}:"
+    yield prefix
+    for node in redis_cluster.masters():
+        with node.client() as client:
+            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+            for key in keys:  # one by one: a node refuses a DEL of keys in several slots
+                client.delete(key)
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def redis_target(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(URL, key prefix) of the shared Redis or of the session's Redis Cluster."""
+    if request.param == "redis":
+        return SHARED_REDIS, request.getfixturevalue("redis_prefix")
+    return request.getfixturevalue("redis_cluster").url, request.getfixturevalue("cluster_prefix")
+
+
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
     needs.program("redis-server")
@@ -100,13 +131,18 @@ def api(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
 StoreFactory = Callable[..., HistoryStore]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 async def store_factory(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
-    """Makes history stores of one kind (the in-process one, or one on the shared Redis under a unique prefix);
-    keyword arguments are settings (``seen_cap=3``). Every store made shares the one prefix, so two stores of a
-    test see the same Redis data, as two service workers do."""
+    """Makes history stores of one kind (the in-process one, one on the shared Redis or on the session's Redis
+    Cluster, under a unique prefix); keyword arguments are settings (``seen_cap=3``). Every store made shares the
+    one prefix, so two stores of a test see the same Redis data, as two service workers do."""
     made: list[HistoryStore] = []
-    prefix = request.getfixturevalue("redis_prefix") if request.param == "redis" else None
+    url: str | None = None
+    prefix: str | None = None
+    if request.param == "redis":
+        url, prefix = SHARED_REDIS, request.getfixturevalue("redis_prefix")
+    elif request.param == "redis-cluster":
+        url, prefix = request.getfixturevalue("redis_cluster").url, request.getfixturevalue("cluster_prefix")
 
     def make(**settings: object) -> HistoryStore:
         if prefix is None:
@@ -114,7 +150,7 @@ async def store_factory(request: pytest.FixtureRequest) -> AsyncIterator[StoreFa
         else:
             # a generous timeout: these tests check what the store keeps, not how fast (50 concurrent connects to
             # the shared Redis on a busy 2-core CI machine can take longer than the 250 ms default)
-            store = make_store(Settings(redis_url=SHARED_REDIS, redis_prefix=prefix, redis_timeout_ms=5000,
+            store = make_store(Settings(redis_url=url, redis_prefix=prefix, redis_timeout_ms=5000,
                                         **settings))  # type: ignore[arg-type]
         assert store.name == request.param
         made.append(store)

@@ -1,9 +1,10 @@
-"""What a history store keeps, one contract for both stores (the in-process one and the real Redis at
-127.0.0.1:6379, db 15, a unique key prefix): the window in timestamp order, exact duplicates dropped, the seen
-set past the window and its cap, checked against hand-written answers and against a plain reference (a stable
-sort by timestamp after dropping repeats of (item, timestamp), as ``seqrec prepare`` does); then the two stores
-against each other on random events, Redis lists written before the seen set existed, and keys the previous
-release wrote (its own script, kept as a fixture) converted on the first append."""
+"""What a history store keeps, one contract for every store (the in-process one, the real Redis at 127.0.0.1:6379,
+db 15, a unique key prefix, and a real Redis Cluster of three masters the tests start): the window in timestamp
+order, exact duplicates dropped, the seen set past the window and its cap, checked against hand-written answers
+and against a plain reference (a stable sort by timestamp after dropping repeats of (item, timestamp), as
+``seqrec prepare`` does); then the stores against each other on random events, Redis lists written before the
+seen set existed, and keys the previous release wrote (its own script, kept as a fixture) converted on the first
+append."""
 
 from __future__ import annotations
 
@@ -114,11 +115,13 @@ async def test_random_timestamped_events_match_the_reference(store_factory: Stor
             assert stored.seen == seen, (user, sent)
 
 
-async def test_redis_and_memory_agree_on_random_events(redis_prefix: str) -> None:
-    """Timestamps or none, batches of several users, a small cap and a max_len that changes (a bundle reload)."""
+async def test_redis_and_memory_agree_on_random_events(redis_target: tuple[str, str]) -> None:
+    """Timestamps or none, batches of several users, a small cap and a max_len that changes (a bundle reload); on
+    one Redis and on a cluster (where a batch's users lie in several slots: one script call per slot)."""
     rng = random.Random(11)
     memory = MemoryStore(seen_cap=5)
-    redis_store = RedisStore(SHARED_REDIS, prefix=redis_prefix, timeout_ms=5000, seen_cap=5)
+    url, prefix = redis_target
+    redis_store = RedisStore(url, prefix=prefix, timeout_ms=5000, seen_cap=5)
     try:
         for _ in range(150):
             batch = [(f"u{rng.randint(0, 3)}",
