@@ -49,7 +49,7 @@ from common.redis_url import cluster_node_url, redact_url
 from service.http import store_cluster as rc
 from service.http.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
 from service.http.settings import DEFAULT_SEEN_CAP, Settings
-from service.http.store_lua import APPEND
+from service.http.store_lua import APPEND, user_keys
 from service.http.store_memory import Record
 
 log = logging.getLogger(__name__)
@@ -224,12 +224,6 @@ def _decode_window(raw_entries: list[bytes | str], user_id: str) -> list[Event]:
     if len(valid) != len(events):
         log.warning("skipped %d malformed history entries of user %r", len(events) - len(valid), user_id)
     return valid
-
-
-def user_keys(prefix: str, user_id: str) -> list[str]:
-    """A user's window, seen set, cut ties and their timestamp, tagged ``{user_id}`` (one hash slot)."""
-    tagged = f"{prefix}{{{user_id}}}:"
-    return [f"{tagged}history", f"{tagged}seen", f"{tagged}cut", f"{tagged}cut_at"]
 
 
 class RedisStore:

@@ -137,3 +137,9 @@ for u = 0, #KEYS / per - 1 do
 end
 return lengths
 """
+
+
+def user_keys(prefix: str, user_id: str) -> list[str]:
+    """A user's window, seen set, cut ties and their timestamp, tagged ``{user_id}`` (one hash slot)."""
+    tagged = f"{prefix}{{{user_id}}}:"
+    return [f"{tagged}history", f"{tagged}seen", f"{tagged}cut", f"{tagged}cut_at"]

@@ -46,7 +46,7 @@ from offline.bench.faults.reliability import (
 from offline.bench.lib.load import Answer, Call, LoadRun, Marks, get_json, open_loop, post_json, summary
 from offline.bench.lib.payloads import load_catalogue
 from offline.bench.lib.processes import RedisProcess, free_port
-from service.http.store import user_keys
+from service.http.store_lua import user_keys
 
 if TYPE_CHECKING:
     import aiohttp
