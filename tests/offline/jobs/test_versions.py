@@ -91,13 +91,13 @@ def test_temp_folders_and_half_deleted_versions_are_not_versions(tmp_path: Path)
     (writing / "retriever.pt").write_bytes(b"weights")
     killed = versions / f".{v1.name}.old.a0b1c2d3"  # a swap killed long ago
     killed.mkdir()
-    _date(killed, NOW - STALE_AFTER - 60)
+    _date(killed, time.time() - STALE_AFTER - 60)
     half = _bundle(tmp_path, 0)  # its manifest still there, its weights gone
     (half / "retriever.pt").unlink()  # just now: the folder is dated now
     assert prune_versions(tmp_path, 3) == []
     assert _names(tmp_path) == sorted([writing.name, half.name, v1.name, v2.name, v3.name])
-    _date(writing, NOW - STALE_AFTER + 600)  # untouched for a while, not yet long enough
-    _date(half, NOW - STALE_AFTER - 60)
+    _date(writing, time.time() - STALE_AFTER + 600)  # untouched for a while, not yet long enough
+    _date(half, time.time() - STALE_AFTER - 60)
     assert prune_versions(tmp_path, 3) == []
     assert _names(tmp_path) == sorted([writing.name, v1.name, v2.name, v3.name])
 
