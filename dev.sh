@@ -4,6 +4,7 @@
 #   ./dev.sh test    run the default test suite (slow benchmarks excluded)
 #   ./dev.sh slow    run only the tests marked slow (long benchmarks; never in CI)
 #   ./dev.sh lint    ruff and mypy
+#   ./dev.sh docs    serve the docs site on http://127.0.0.1:8001 (mkdocs serve; .ci/run builds it --strict)
 #   ./dev.sh setup   only create .venv and install
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -37,5 +38,6 @@ case "$cmd" in
   test) setup; "$VENV/bin/python" -m pytest -q "$@" ;;
   slow) setup; "$VENV/bin/python" -m pytest -q -m slow "$@" || [ $? -eq 5 ] ;;  # 5: no test selected
   lint) setup; "$VENV/bin/ruff" check . && "$VENV/bin/mypy" ;;
-  *) sed -n '2,7p' "$0"; exit 2 ;;
+  docs) setup; "$VENV/bin/mkdocs" serve -a 127.0.0.1:8001 "$@" ;;
+  *) sed -n '2,8p' "$0"; exit 2 ;;
 esac

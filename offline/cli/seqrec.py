@@ -25,6 +25,7 @@ from offline.cli.data import add_prepare_parser
 from offline.cli.pipeline import add_demo_parser, add_pipeline_parser, add_rollback_parser
 from offline.cli.rank import add_mine_parser, add_train_ranker_parser
 from offline.cli.recommend import add_recommend_parser
+from offline.cli.reference import add_reference_epilogs
 from offline.cli.serve import add_serve_parser
 from offline.cli.train import add_evaluate_parser, add_export_parser, add_train_parser
 from offline.cli.tune import add_tune_parser
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(sub, common)
+    add_reference_epilogs(parser)
     return parser
 
 
