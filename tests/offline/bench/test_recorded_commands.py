@@ -31,7 +31,7 @@ def test_a_recorded_warm_start_command_parses(record: Path) -> None:
 
 
 RELIABILITY = RESULTS.parent / "reliability"
-# file -> the bench that wrote it, and the keys (dotted) docs/RELIABILITY.md and the README quote from it
+# file -> the bench that wrote it, and the keys (dotted) docs/RELIABILITY.md and docs/benchmarks/reliability.md quote
 RELIABILITY_RECORDS = {
     "redis-faults.json": ("redis_faults", ["rate", "fault.kill_at_s", "fault.down_s", "fault.load_s", "load.sent",
                                            "by_kind.history.all.ok", "by_kind.history.all.errors",
@@ -63,7 +63,8 @@ def _dotted(record: dict[str, Any], key: str) -> Any:
 
 @pytest.mark.parametrize("name", RELIABILITY_RECORDS)
 def test_a_reliability_record_holds_what_the_docs_quote_and_its_command_parses(name: str) -> None:
-    """RELIABILITY rows 2, 3 and 4a and the README's retrain-under-load figures were printed, never written."""
+    """RELIABILITY rows 2, 3 and 4a and the retrain-under-load figures (once the README's, now the reliability results
+    page's) were printed, never written."""
     module, keys = RELIABILITY_RECORDS[name]
     record = json.loads((RELIABILITY / name).read_text())
     argv = shlex.split(record["command"])
@@ -74,7 +75,7 @@ def test_a_reliability_record_holds_what_the_docs_quote_and_its_command_parses(n
     for key in keys:
         assert _dotted(record, key) is not None, key
     assert f"results/reliability/{name}" in (RESULTS.parents[1] / "RELIABILITY.md").read_text() + (
-        RESULTS.parents[2] / "README.md").read_text()
+        RESULTS.parents[1] / "benchmarks" / "reliability.md").read_text()
 
 
 def test_the_fuzz_record_holds_what_the_docs_quote_and_its_command_parses() -> None:

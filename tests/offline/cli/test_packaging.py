@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-SOURCES = ("retriever", "ranker", "service", "offline", "configs", "setup.py", "pyproject.toml", "README.md")
+SOURCES = ("common", "retriever", "ranker", "service", "offline", "configs", "setup.py", "pyproject.toml", "README.md")
 
 
 def _build_wheel(tmp_path: Path) -> Path:

@@ -1,5 +1,5 @@
 """The reliability benches write their report to --out with a command that parses again: their figures in
-docs/RELIABILITY.md and the README were printed and never written to a file."""
+docs/RELIABILITY.md and the results pages were printed and never written to a file."""
 
 from __future__ import annotations
 
