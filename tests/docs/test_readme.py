@@ -21,7 +21,8 @@ def test_the_two_set_up_commands_are_the_ones_dev_sh_and_ci_run() -> None:
     commands = [line.split("#")[0].strip() for line in setup.splitlines() if line.strip()]
     assert commands == ["./dev.sh demo", "./dev.sh test"]
     dev = (ROOT / "dev.sh").read_text()
-    assert re.search(r"^\s+demo\) setup; demo ", dev, re.M) and re.search(r"^\s+test\) setup; ", dev, re.M)
+    assert re.search(r"^\s+demo\) setup; demo ", dev, re.M)
+    assert re.search(r"^\s+test\) setup; ", dev, re.M)
     ci = [line.split("#")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert "./dev.sh test" in ci  # CI runs the README's test command as written
 
@@ -29,4 +30,5 @@ def test_the_two_set_up_commands_are_the_ones_dev_sh_and_ci_run() -> None:
 def test_every_relative_link_of_the_readme_resolves() -> None:
     links = re.findall(r"\]\(([^)\s]+)\)", README.read_text())
     missing = [link for link in links if not link.startswith("http") and not (ROOT / link.split("#")[0]).exists()]
-    assert links and missing == []
+    assert links
+    assert missing == []

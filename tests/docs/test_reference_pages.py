@@ -66,7 +66,7 @@ def test_the_api_page_documents_every_route_and_schema() -> None:
 def test_the_config_tables_name_every_key_with_its_default() -> None:
     runs = models_page.expand("<!-- seqrec:fields retriever.config:RunConfig -->")
     for section in ("model", "loss", "train"):
-        for name, info in type(getattr(RunConfig(), section)).model_fields.items():
+        for name in type(getattr(RunConfig(), section)).model_fields:
             assert f"| `{section}.{name}` |" in runs, name
     assert "| `train.lr` | float (> 0) | `0.001` |" in runs
     settings = models_page.expand("<!-- seqrec:fields service.http.settings:Settings SEQREC_ -->")

@@ -99,7 +99,8 @@ def test_the_demo_tutorial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     with service(Path("artifacts/demo")) as client:
         answers = [send(client, r) for r in requests(page)]
     assert [len(a["items"]) for a in answers if "items" in a] == [5, 5]
-    assert answers[0]["reranked"] is True and answers[0]["unknown_items"] == []
+    assert answers[0]["reranked"] is True
+    assert answers[0]["unknown_items"] == []
     prepare, evaluate = command_lines(page, "seqrec")
     run(prepare.replace("--n-users 2000", "--n-users 200"))
     run(evaluate)
@@ -141,7 +142,8 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
         artifacts = Path(vars(build_parser().parse_args(shlex.split(serve)[1:]))["artifacts"])
         with service(artifacts) as client:
             (answer,) = [send(client, r) for r in requests(page)]
-    assert len(answer["items"]) == 10 and answer["unknown_items"] == []
+    assert len(answer["items"]) == 10
+    assert answer["unknown_items"] == []
     assert not {"sku-17", "sku-3"} & {i["item_id"] for i in answer["items"]}  # no repeats here: history excluded
     return work
 
@@ -185,8 +187,10 @@ def test_the_docker_compose_tutorial_names_what_the_compose_file_has() -> None:
                 assert "api" in compose["services"]
     compose_text = (ROOT / "docker-compose.yml").read_text() + (ROOT / "docker" / "entrypoint.sh").read_text()
     for variable in ("SEQREC_API_KEY", "SEQREC_PIPELINE_CONFIG", "SEQREC_RELOAD_POLL_S", "SEQREC_RETRAIN"):
-        assert variable in text and variable in compose_text, variable
+        assert variable in text, variable
+        assert variable in compose_text, variable
     (rollback,) = [c for c in command_lines(page, "docker") if "rollback" in c]
     args = build_parser().parse_args(shlex.split(rollback.split(" trainer ", 1)[1])[1:])
-    assert isinstance(args, argparse.Namespace) and str(args.artifacts) == "/artifacts"
+    assert isinstance(args, argparse.Namespace)
+    assert str(args.artifacts) == "/artifacts"
     assert [r.path for r in requests(page)] == ["/readyz", "/recommend", "/events", "/admin/reload"]

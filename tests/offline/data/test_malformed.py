@@ -8,10 +8,11 @@ Each case ends one of two ways, never in a traceback or a silently wrong result:
   is not on one: an empty file, a JSON document; a Parquet file names the row instead);
 - ``Reads``: exit 0 with exactly the sequences stated written out (a documented skip warns with its count).
 
-The duplicate-row rule (docs/reference/formats.md, "The prepared folder"): rows with the same user, item and timestamp are one interaction
-logged twice, so the later copies are dropped and counted in a warning; the same item again at another time is a
-repeat and stays. Files without a clock (S3-Rec lines, CSV without --time-col) have no duplicates: each row is
-its own step. Duplicate metadata rows (an item or user listed twice) are an error naming both lines.
+The duplicate-row rule (docs/reference/formats.md, "The prepared folder"): rows with the same user, item and
+timestamp are one interaction logged twice, so the later copies are dropped and counted in a warning; the same item
+again at another time is a repeat and stays. Files without a clock (S3-Rec lines, CSV without --time-col) have no
+duplicates: each row is its own step. Duplicate metadata rows (an item or user listed twice) are an error naming
+both lines.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def _killed_after_the_first_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_training_killed_under_threads_resumes_without_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Killed during training under --threads 1, every --resume of the cron line (docs/tutorials/nightly-retraining.md; no --threads) failed:
+    """Killed during training under --threads 1, every --resume of the cron line (no --threads;
+    docs/tutorials/nightly-retraining.md) failed:
     'last.pt: was written with a different config; resume with the same config or a new --out'."""
     config, artifacts = _config(tmp_path), tmp_path / "artifacts"
     _killed_after_the_first_checkpoint(monkeypatch)
