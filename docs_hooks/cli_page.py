@@ -53,7 +53,7 @@ def _help(action: argparse.Action) -> str:
 
 
 def section(prog: str, parser: argparse.ArgumentParser) -> str:
-    level = "#" * min(prog.count(" ") + 1, 4)
+    level = "#" * min(prog.count(" ") + 2, 5)  # seqrec: h2, its commands h3, the bench subcommands h4
     lines = [f"{level} `{prog}` {{#{reference_anchor(prog)}}}", ""]
     if parser.description:
         lines += [_cell(parser.description), ""]

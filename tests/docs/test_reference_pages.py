@@ -20,7 +20,7 @@ COMMANDS = list(commands(PARSER))
 
 def _sections(page: str) -> dict[str, str]:
     """anchor -> the text of that command's section (up to the next command's heading)."""
-    parts = re.split(r"^#{1,4} `[^`]+` \{#([a-z0-9-]+)\}$", page, flags=re.M)
+    parts = re.split(r"^#{2,5} `[^`]+` \{#([a-z0-9-]+)\}$", page, flags=re.M)
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
