@@ -56,14 +56,15 @@ def _parameters(operation: dict[str, Any]) -> list[str]:
 
 def _responses(operation: dict[str, Any]) -> list[str]:
     lines = ["| status | description | body |", "| --- | --- | --- |"]
-    for status, response in operation.get("responses", {}).items():
+    for status, response in sorted(operation.get("responses", {}).items()):
         bodies = [type_of(spec.get("schema", {})) for spec in response.get("content", {}).values()]
         lines.append(f"| {status} | {_cell(response.get('description'))} | {_cell(', '.join(bodies))} |")
     return lines
 
 
 def operation_section(path: str, method: str, operation: dict[str, Any]) -> str:
-    keyed = " (API key)" if any(s for s in operation.get("security", [])) else ""
+    security = operation.get("security", [])
+    keyed = "" if not any(security) else " (API key for some requests: see 401)" if {} in security else " (API key)"
     lines = [f"### `{method.upper()} {path}`{keyed}", ""]
     for text in (operation.get("summary"), operation.get("description")):
         if text:
