@@ -37,20 +37,22 @@ class RankerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: RankerKind = "auto"
-    mining: Mining = "holdout"
-    depth: int = 100  # candidates per group (N)
-    per_user: int = Field(3, ge=1)  # training targets per user (the most recent ones) with direct mining
-    # With holdout mining: each user's last this many training items are what the holdout retriever never
-    # sees and the ranker's training targets (at least 2: the holdout retriever early-stops on the first of them)
-    holdout_per_user: int = Field(HOLDOUT_PER_USER, ge=2)
-    # Candidate sources: the retriever's FAISS list alone, or merged with the item-to-item co-occurrence
-    # list (`ranker.cooc.union`: the cooc source is offered round(cooc_share * depth) of the depth slots).
-    sources: tuple[Source, ...] = ("retriever",)
-    cooc_share: float = Field(0.25, ge=0.0, le=1.0)
-    features: tuple[str, ...] = ()  # optional ranker features (`ranker.groups` columns) after the base ones
-    # The MLP ranker as an ensemble of this many networks (`MLPConfig.members`); LightGBM ignores it
-    members: int = Field(1, ge=1, le=16)
+    kind: RankerKind = Field("auto", description="auto: train the MLP and LightGBM, keep the better on validation")
+    mining: Mining = Field("holdout", description="holdout: groups mined by a sibling retriever that never saw "
+                           "their targets; direct: by the bundle's own retriever")
+    depth: int = Field(100, description="candidates per group (N): what is mined, trained, evaluated and served")
+    per_user: int = Field(3, ge=1, description="direct mining: training targets per user (the most recent ones)")
+    holdout_per_user: int = Field(
+        HOLDOUT_PER_USER, ge=2, description="holdout mining: each user's last this many training items are what the "
+        "holdout retriever never sees and the ranker's training targets (it early-stops on the first of them)")
+    sources: tuple[Source, ...] = Field(
+        ("retriever",), description="candidate sources: the retriever's FAISS list alone, or merged with the "
+        "item-to-item co-occurrence list (`ranker.cooc.union`)")
+    cooc_share: float = Field(0.25, ge=0.0, le=1.0, description="the depth slots offered to the cooc source")
+    features: tuple[str, ...] = Field((), description="optional ranker features (`ranker.groups` columns) after "
+                                      "the base ones")
+    members: int = Field(1, ge=1, le=16, description="the MLP ranker as an ensemble of this many networks; "
+                         "LightGBM ignores it")
 
     @property
     def holdout(self) -> bool:
@@ -65,7 +67,8 @@ class RankerSection(RankerConfig):
     """The pipeline config's ``ranker:`` section: a `RankerConfig` whose depth a config file must keep in
     range (the CLI leaves the depth's range to `offline.jobs.rank.mine_splits`)."""
 
-    depth: int = Field(RankerConfig.model_fields["depth"].default, ge=MIN_DEPTH, le=MAX_DEPTH)
+    depth: int = Field(RankerConfig.model_fields["depth"].default, ge=MIN_DEPTH, le=MAX_DEPTH,
+                       description=RankerConfig.model_fields["depth"].description)
 
     @field_validator("features")
     @classmethod

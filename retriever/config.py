@@ -32,9 +32,11 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
-    backbone: str = "transformer"
-    similarity: Similarity = "cosine"
-    temperature: float = Field(0.05, gt=0)
+    backbone: str = Field("transformer", description="the encoder: a name of retriever/backbones' BACKBONES")
+    similarity: Similarity = Field("cosine", description="score = cos(user, item) / temperature, or their dot "
+                                   "product (dot: the FAISS index holds the raw vectors)")
+    temperature: float = Field(0.05, gt=0, description="the scores are the similarity divided by this (a softmax "
+                               "temperature)")
     item_features: str | None = Field(
         None, description="items.parquet column of side features (e.g. attributes, genres) added to item vectors"
     )
@@ -44,10 +46,13 @@ class ModelConfig(BaseModel):
 
 
 class LossConfig(BaseModel):
+    """The training loss (retriever/losses.py)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    name: LossName = "infonce"
-    logq: bool = False
+    name: LossName = Field("infonce", description="infonce: in-batch negatives; sampled: softmax over n_negatives "
+                           "uniform items; full: softmax over every item; bce: one negative per position")
+    logq: bool = Field(False, description="infonce: subtract each candidate's log chance of being in the batch")
     n_uniform: int = Field(0, ge=0, description="extra uniform negatives mixed into infonce")
     n_negatives: int = Field(256, ge=1, description="uniform negatives of the sampled softmax")
 
@@ -56,13 +61,15 @@ Beta = Annotated[float, Field(ge=0, lt=1)]  # Adam's moment decay
 
 
 class TrainConfig(BaseModel):
+    """The optimiser, the schedule, batches, early stopping, the seed, the device and the repeat policy."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     batch_size: int = Field(128, ge=1, description="sequences per step")
-    lr: float = Field(1e-3, gt=0)
-    betas: tuple[Beta, Beta] = (0.9, 0.98)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(100, ge=0)
+    lr: float = Field(1e-3, gt=0, description="AdamW's learning rate (the peak, after the warmup)")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.98), description="AdamW's moment decays")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay")
+    warmup_steps: int = Field(100, ge=0, description="steps of linear warmup to train.lr")
     schedule: Literal["constant", "cosine", "wsd"] = Field(
         "constant", description="constant; cosine: to 0 at train.epochs; wsd: warmup-stable-decay, the decay "
         "started by a validation plateau (no gain for decay_patience evaluations), training ends with it")
@@ -70,7 +77,7 @@ class TrainConfig(BaseModel):
     decay_fraction: float = Field(
         0.25, gt=0, le=1, description="wsd: the decay lasts this fraction of the epochs run before it (rounded up)")
     lr_floor: float = Field(0.0, ge=0, lt=1, description="wsd: the lr the decay ends at, as a fraction of train.lr")
-    grad_clip: float | None = Field(1.0, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="clip the gradients' global norm to this (None: never)")
     epochs: int = Field(200, ge=1, description="upper bound; early stopping usually ends sooner")
     eval_every: int = Field(1, ge=1, description="epochs between validation runs")
     patience: int = Field(10, ge=1, description="validation runs without improvement before stopping")
@@ -85,13 +92,13 @@ class TrainConfig(BaseModel):
     ema_epochs: float | None = Field(
         None, gt=0, description="validate, select and export an exponential moving average of the weights whose "
         "horizon is this many epochs (None: the weights as trained)")
-    seed: int = 42
+    seed: int = Field(42, description="seeds the weights, the batches and the sampled negatives")
     repeats: Literal["auto", "exclude", "allow"] = Field(
         "auto", description="may history items be recommended: exclude, allow, or auto (from the data's "
         "share of repeat validation targets; see retriever/repeats.py)")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when torch sees a GPU")
     threads: int | None = Field(None, ge=1, description="CPU threads (default: torch's choice)")
-    eval_batch_size: int | None = Field(None, ge=1)
+    eval_batch_size: int | None = Field(None, ge=1, description="users per validation batch (default: by memory)")
     eval_users: int | None = Field(
         None, ge=1, description="validate and report metrics on this many users drawn once (seed train.seed); "
         "None = every user. For very large data: full ranking per user is kept, only users are sampled")

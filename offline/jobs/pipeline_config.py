@@ -24,12 +24,14 @@ class _Strict(BaseModel):
 
 
 class DataSpec(_Strict):
+    """The dataset and how `seqrec prepare` reads and filters it."""
+
     dataset: str = Field(description="reader name, as `seqrec prepare --dataset`")
     path: Path | None = Field(None, description="source files (relative to the config file)")
     download: bool = Field(False, description="MovieLens: fetch from GroupLens, verify the MD5")
-    min_user_interactions: int = 3
-    k_core: int | None = None
-    min_rating: float | None = None
+    min_user_interactions: int = Field(3, description="drop users with fewer (at least 3: training, validation, test)")
+    k_core: int | None = Field(None, description="iteratively keep users and items with at least this many")
+    min_rating: float | None = Field(None, description="drop interactions rated below this")
     synthetic: dict[str, Any] = Field(default_factory=dict, description="n_users, n_items, mean_length, seed")
     reader: dict[str, Any] = Field(default_factory=dict, description="csv options: user_col, item_col, ...")
 
@@ -85,7 +87,8 @@ class PipelineConfig(_Strict):
                                    "none: retriever/config.py's defaults (with `tune:`, where the search starts)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="section.key: value for the retriever")
     tune: TuneSection | None = Field(None, description="search the retriever config first (`seqrec tune`)")
-    index: Literal["auto", "flat", "hnsw", "ivf"] = "auto"
+    index: Literal["auto", "flat", "hnsw", "ivf"] = Field("auto", description="the FAISS index (auto: exact up to "
+                                                          "200K items, HNSW beyond)")
     ranker: RankerSection = Field(default_factory=RankerSection)
     keep: int = Field(3, ge=1, description="published versions to keep")
     warm_start: bool = Field(False, description="train from the served bundle's weights (`seqrec train --init-from`)")

@@ -78,15 +78,16 @@ class Settings(BaseSettings):
     personalize_beta: float = Field(1e-5, ge=0, le=1, description="PCRec-simple step size (`personalize: true`)")
     personalize_steps: int = Field(1, ge=0, le=10, description="PCRec-simple gradient steps per request")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="the address to listen on (0.0.0.0: every interface)")
+    port: int = Field(8000, ge=0, le=65535, description="the port to listen on")
     workers: int = Field(default_factory=lambda data: default_workers(data.get("redis_url")), ge=1, le=64,
                          description="uvicorn worker processes; default: one per core with Redis, else 1 (the "
                                      "in-process history store is per process)")
     reload_poll_s: float | None = Field(None, ge=0, le=3600, description="seconds between each worker's checks "
                                         "of `current` (0 = never, else at least 0.1); default: 2 with several "
                                         "workers, else 0")
-    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"  # uvicorn's levels
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
+        "info", description="uvicorn's log level")
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -77,3 +77,11 @@ def test_the_config_tables_name_every_key_with_its_default() -> None:
 def test_a_marker_naming_no_model_fails_the_build() -> None:
     with pytest.raises(AttributeError):
         models_page.expand("<!-- seqrec:fields retriever.config:NoSuchModel -->")
+
+
+def test_every_config_key_has_a_description() -> None:
+    from offline.jobs.pipeline_config import PipelineConfig
+
+    for model, prefix in ((RunConfig, ""), (PipelineConfig, ""), (Settings, "SEQREC_")):
+        undescribed = [key for key, _, _, text in models_page.rows(model, prefix) if not text]
+        assert undescribed == [], model.__name__
