@@ -34,6 +34,10 @@ def add_serve_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=None, help="history store, e.g. redis://localhost:6379/0")
     p.add_argument("--max-batch", type=int, default=None, help="requests per forward pass (SEQREC_MAX_BATCH)")
     p.add_argument("--max-wait-ms", type=float, default=None, help="micro-batch wait (SEQREC_MAX_WAIT_MS)")
+    p.add_argument("--insecure-no-key", action="store_true", default=None,
+                   help="serve without an API key on a non-loopback --host: every write and /admin route is then "
+                   "open to anyone who reaches the port (SEQREC_INSECURE_NO_KEY); without it such a server refuses "
+                   "to start")
     p.set_defaults(handler=_serve)
 
 
@@ -45,6 +49,9 @@ def settings_message(err: ValidationError, flags: dict[str, object]) -> str:
         if error["type"] == "default_factory_not_called":  # a consequence of another error, listed beside it
             continue
         field = str(error["loc"][0]) if error["loc"] else ""
+        if not field:  # a check of several settings (the key and the host): its message names them
+            problems.append(error["msg"].removeprefix("Value error, "))
+            continue
         problems.append(f"{'--' + field.replace('_', '-') if field in flags else 'SEQREC_' + field.upper()}: "
                         f"{error['msg']}")
     return "; ".join(problems)
@@ -60,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
     from service.system.loader import resolve_bundle
 
     given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
-                                                    "max_batch", "max_wait_ms")}
+                                                    "max_batch", "max_wait_ms", "insecure_no_key")}
     given = {name: value for name, value in given.items() if value is not None}
     try:
         settings = Settings(**given)  # options override SEQREC_* variables
