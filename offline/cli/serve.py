@@ -15,6 +15,8 @@ from offline.cli.common import Subparsers
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from service.http.settings import Settings
+
 log = logging.getLogger("seqrec")
 
 
@@ -83,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
         bundle = load_served(path, inference=settings.inference, threads=settings.threads)
     except BundleError as err:
         raise SeqrecError(str(err)) from None
+    configure_service_logging(settings)  # this process's lines in the workers' format (SEQREC_LOG_FORMAT)
     log.info("serving %s on http://%s:%d (docs at /docs)", path, settings.host, settings.port)
     if settings.workers == 1:
         serve_one(settings, bundle)
@@ -92,6 +95,14 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ[f"SEQREC_{name.upper()}"] = str(value)
     serve_workers(settings)
     return 0
+
+
+def configure_service_logging(settings: Settings) -> None:
+    import logging.config
+
+    from service.http.logs import log_config
+
+    logging.config.dictConfig(log_config(settings.log_format, settings.log_level))
 
 
 def check_bindable(host: str, port: int, options: str = "--host/--port, SEQREC_HOST/SEQREC_PORT") -> None:

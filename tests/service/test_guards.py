@@ -120,12 +120,14 @@ def test_answers_name_files_not_folders() -> None:
 # --------------------------------------------------------------------------- a real server
 
 
-def _trickle(port: int, request: bytes, every_s: float, limit_s: float) -> tuple[float, bytes]:
-    """Send ``request`` one byte every ``every_s`` until the server answers or closes; (seconds, answer)."""
+def _trickle(port: int, request: tuple[bytes, bytes], every_s: float, limit_s: float) -> tuple[float, bytes]:
+    """Send ``request[0]`` at once, then ``request[1]`` one byte every ``every_s`` until the server answers or
+    closes; (seconds, answer)."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.settimeout(every_s)
         start, answer = time.monotonic(), b""
-        for byte in request:
+        sock.sendall(request[0])
+        for byte in request[1]:
             try:
                 sock.sendall(bytes([byte]))
                 chunk = sock.recv(4096)
@@ -141,16 +143,17 @@ def _trickle(port: int, request: bytes, every_s: float, limit_s: float) -> tuple
         return time.monotonic() - start, answer
 
 
+# (sent at once, then trickled): the whole header then the body, or the request line then the rest of the header
 BODY_TRICKLE = (b"POST /recommend HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                b"content-length: 60\r\n\r\n" + b" " * 60)
-HEADER_TRICKLE = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 60
+                b"content-length: 60\r\n\r\n", b" " * 60)
+HEADER_TRICKLE = (b"GET /healthz HTTP/1.1\r\n", b"Host: 127.0.0.1\r\nX-Slow: " + b"a" * 60)
 
 
 def test_a_trickling_client_is_cut_at_the_deadline_while_others_are_served(bundle: Path, tmp_path: Path) -> None:
     deadline_s, every_s = 2.0, 1.5
     with seqrec_serve(tmp_path, bundle, request_read_timeout_s=str(deadline_s)) as server:
         results: dict[str, tuple[float, bytes]] = {}
-        def trickle(kind: str, request: bytes) -> None:
+        def trickle(kind: str, request: tuple[bytes, bytes]) -> None:
             results[kind] = _trickle(server.port, request, every_s, 30.0)
 
         jobs = (("body", BODY_TRICKLE), ("headers", HEADER_TRICKLE))

@@ -41,9 +41,10 @@ from offline.bench.lib.processes import RedisProcess, SeqrecServeProcess, free_p
 
 KEY = "hardening-bench-key-0123456789"
 TRICKLE_EVERY_S = 1.5
+# (sent at once, then trickled): the whole header then a body of spaces, or the request line then more header
 BODY = (b"POST /recommend HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 200"
-        b"\r\n\r\n" + b" " * 200)
-HEADERS = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
+        b"\r\n\r\n", b" " * 200)
+HEADERS = (b"GET /healthz HTTP/1.1\r\n", b"Host: 127.0.0.1\r\nX-Slow: " + b"a" * 200)
 
 
 def _env(bundle: Path, **settings: str) -> dict[str, str]:
@@ -115,12 +116,14 @@ def foreign_hosts(url: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- 3. slow clients
 
 
-def trickle(port: int, request: bytes, limit_s: float) -> dict[str, Any]:
-    """One byte every 1.5 s until the server answers or closes: the seconds it took and the status line."""
+def trickle(port: int, request: tuple[bytes, bytes], limit_s: float) -> dict[str, Any]:
+    """``request[0]`` at once, then ``request[1]`` one byte every 1.5 s until the server answers or closes: the
+    seconds it took and the status line."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.settimeout(TRICKLE_EVERY_S)
         start, answer, sent = time.monotonic(), b"", 0
-        for byte in request:
+        sock.sendall(request[0])
+        for byte in request[1]:
             if time.monotonic() - start > limit_s:
                 break
             try:
@@ -216,6 +219,10 @@ def readiness(bundle: Path, workdir: Path) -> dict[str, Any]:
         with _serving(bundle, workdir, "readiness", redis_url=redis_server.url, api_key=KEY, workers="2",
                       log_format="json", redis_timeout_ms="250") as server, \
                 httpx.Client(base_url=server.url, timeout=10, headers={"Authorization": f"Bearer {KEY}"}) as client:
+            def started() -> int:
+                return int(worker_logs(server.log.read_text(errors="replace"))["workers_logging_start_up_info"])
+
+            both_started = _wait_for(lambda: started() == 2, 300)  # ready means one worker is; wait for the other
             before = client.get("/readyz").status_code
             redis_server.kill()
             to_503 = _wait_for(lambda: client.get("/readyz").status_code == 503, 30)
@@ -234,7 +241,8 @@ def readiness(bundle: Path, workdir: Path) -> dict[str, Any]:
     logs = worker_logs(log)
     ok = (before == 200 and to_503 is not None and to_200 is not None and statuses["GET /healthz"] == 200
           and not leaks and logs["ok"])
-    return {"readyz_before": before, "seconds_to_readyz_503": to_503, "while_down": statuses,
+    return {"seconds_until_both_workers_started": both_started, "readyz_before": before,
+            "seconds_to_readyz_503": to_503, "while_down": statuses,
             "readyz_body_while_down": down[0].json(), "event_503_body": down[2].json(),
             "seconds_to_readyz_200_after_restart": to_200, "answers_naming_redis_port_or_bundle_folder": leaks,
             "logs": logs, "ok": ok}
