@@ -24,7 +24,6 @@ import h11
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.http.settings import Settings
 
@@ -149,26 +148,31 @@ class DeadlineH11Protocol(_ReadDeadline, H11Protocol):
             self._disarm_read()
 
 
-class DeadlineHttpToolsProtocol(_ReadDeadline, HttpToolsProtocol):
-    """uvicorn's httptools protocol (its default when httptools is installed) with the read deadline."""
+try:  # uvicorn's faster parser, which its [standard] extra (a seqrec dependency) installs
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - uvicorn installed without it: h11, as uvicorn itself falls back
+    GUARDED_HTTP = "service.http.guards:DeadlineH11Protocol"
+else:
+    GUARDED_HTTP = "service.http.guards:DeadlineHttpToolsProtocol"  # an import string: workers are spawned
 
-    def on_message_begin(self) -> None:
-        self._arm_read()
-        super().on_message_begin()
+    class DeadlineHttpToolsProtocol(_ReadDeadline, HttpToolsProtocol):
+        """uvicorn's httptools protocol (its default when httptools is installed) with the read deadline."""
 
-    def on_message_complete(self) -> None:
-        self._disarm_read()
-        super().on_message_complete()
+        def on_message_begin(self) -> None:
+            self._arm_read()
+            super().on_message_begin()
 
-
-GUARDED_HTTP = "service.http.guards:DeadlineHttpToolsProtocol"  # an import string: workers are spawned processes
+        def on_message_complete(self) -> None:
+            self._disarm_read()
+            super().on_message_complete()
 
 
 class GuardedConfig(uvicorn.Config):
-    """uvicorn's configuration with the read deadline beside it (a module-level class: it pickles into workers)."""
+    """uvicorn's configuration with the read deadline beside it (a module-level class: it pickles into workers);
+    the protocol is the deadline's over httptools (else h11) unless ``http`` names another."""
 
     def __init__(self, app: Any, *, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, **kwargs: Any) -> None:
-        super().__init__(app, http=GUARDED_HTTP, **kwargs)
+        super().__init__(app, **{"http": GUARDED_HTTP, **kwargs})
         self.read_timeout_s = read_timeout_s
 
 

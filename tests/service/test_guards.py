@@ -17,10 +17,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
-from offline.bench.lib.processes import SeqrecServeProcess
+from offline.bench.lib.processes import SeqrecServeProcess, free_port
 from offline.cli import main
-from service.http.guards import host_allowed, host_name, without_paths
+from service.http.guards import GuardedConfig, host_allowed, host_name, without_paths
 from service.http.settings import LOOPBACK_NAMES, Settings
 from tests.service.support import REPO
 
@@ -218,3 +219,59 @@ def test_every_worker_logs_info_lines_with_level_and_logger_as_json(bundle: Path
             time.sleep(0.2)
     assert len(serving) == 2, server.log.read_text()[-3000:]
     assert {"time", "level", "logger", "pid", "message"} <= set(lines[0])
+
+
+# --------------------------------------------------------------------------- both protocols, in process
+
+
+async def _echo(scope: dict, receive: object, send: object) -> None:
+    """Reads the whole body, answers 200 with its length."""
+    assert scope["type"] == "http"
+    size = 0
+    while True:
+        message = await receive()  # type: ignore[operator]
+        if message["type"] == "http.disconnect":
+            return
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = str(size).encode()
+    await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+
+
+@contextmanager
+def _guarded(http: str, deadline_s: float) -> Iterator[int]:
+    port = free_port()
+    server = uvicorn.Server(GuardedConfig(_echo, host="127.0.0.1", port=port, http=http, lifespan="off",
+                                          read_timeout_s=deadline_s, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive(), "the server did not start"
+            assert time.monotonic() < deadline, "the server did not start in 30 s"
+            time.sleep(0.02)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.mark.parametrize("http", ["service.http.guards:DeadlineHttpToolsProtocol",
+                                  "service.http.guards:DeadlineH11Protocol"])
+def test_each_protocol_cuts_a_slow_request_and_only_a_slow_one(http: str) -> None:
+    deadline_s, every_s = 0.6, 0.25
+    with _guarded(http, deadline_s) as port:
+        for request in (BODY_TRICKLE, HEADER_TRICKLE, (b"", b"GET / HTTP/1.1\r\n")):  # the last: from the opening
+            seconds, answer = _trickle(port, request, every_s, 10.0)
+            assert answer.startswith(b"HTTP/1.1 408 "), (request, answer)
+            assert deadline_s - 0.05 <= seconds <= deadline_s + every_s + 0.5, seconds
+        with socket.create_connection(("127.0.0.1", port)) as sock:  # keep-alive: the deadline is per request
+            sock.settimeout(5)
+            for _ in range(2):
+                sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\ncontent-length: 3\r\n\r\nabc")
+                assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+                time.sleep(deadline_s * 2)  # idle between requests is uvicorn's keep-alive (5 s), not the deadline

@@ -73,7 +73,7 @@ def _quantiles(ms: list[float]) -> dict[str, float]:
 
 def refused_starts(bundle: Path, workdir: Path) -> dict[str, Any]:
     """Each refused configuration: its exit status, its one line, the seconds to exit, whether it listened."""
-    cases = {"no_key_on_0.0.0.0": {}, "key_of_1_character": {"api_key": "k"},
+    cases = {"no_key_off_loopback": {}, "key_of_1_character": {"api_key": "k"},
              "key_of_15_characters": {"api_key": "k" * 15}}
     rows = {}
     for name, settings in cases.items():
@@ -94,7 +94,7 @@ def refused_starts(bundle: Path, workdir: Path) -> dict[str, Any]:
     finally:
         open_server.stop()
     ok = all(r["exit"] == 1 and r["stderr_lines"] == 1 and not r["listened"] for r in rows.values())
-    ok = ok and all(w in rows["no_key_on_0.0.0.0"]["message"] for w in ("SEQREC_API_KEY_FILE", "--insecure-no-key"))
+    ok = ok and all(w in rows["no_key_off_loopback"]["message"] for w in ("SEQREC_API_KEY_FILE", "--insecure-no-key"))
     return {"refused": rows, "insecure_no_key_started": insecure_started, "ok": ok and insecure_started}
 
 
