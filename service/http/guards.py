@@ -90,7 +90,7 @@ def timeout_response(seconds: float) -> bytes:
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-class _ReadDeadline:
+class _ReadDeadline(asyncio.Protocol):
     """The deadline, over either of uvicorn's HTTP/1.1 protocols (their ``cycle``, ``transport`` and ``loop``): armed
     when a connection opens and when a request's first byte arrives, disarmed once the request is whole."""
 
@@ -105,12 +105,12 @@ class _ReadDeadline:
         self.read_timeout_s: float = getattr(config, "read_timeout_s", DEFAULT_READ_TIMEOUT_S)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)  # type: ignore[misc]
+        super().connection_made(transport)
         self._arm_read()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_read()
-        super().connection_lost(exc)  # type: ignore[misc]
+        super().connection_lost(exc)
 
     def _arm_read(self) -> None:
         if self._read_timer is None:

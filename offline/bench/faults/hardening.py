@@ -75,7 +75,7 @@ def refused_starts(bundle: Path, workdir: Path) -> dict[str, Any]:
     """Each refused configuration: its exit status, its one line, the seconds to exit, whether it listened."""
     cases = {"no_key_off_loopback": {}, "key_of_1_character": {"api_key": "k"},
              "key_of_15_characters": {"api_key": "k" * 15}}
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for name, settings in cases.items():
         port = free_port()
         start = time.perf_counter()

@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from common.errors import SeqrecError
 
@@ -106,13 +107,13 @@ class UvicornProcess:
         return [sys.executable, "-m", "uvicorn", self.app_spec, "--factory", "--host", "127.0.0.1",
                 "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"]
 
-    def launch(self) -> UvicornProcess:
+    def launch(self) -> Self:
         with self.log.open("ab") as sink:
             self.proc = subprocess.Popen(self.command(), env=self.env, cwd=self.cwd, stdout=sink,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
-    def wait_ready(self, timeout_s: float = 60.0) -> UvicornProcess:
+    def wait_ready(self, timeout_s: float = 60.0) -> Self:
         """Poll GET /readyz; a ServerError with the end of the output if it exits or times out first."""
         if self.proc is None:
             raise ServerError(f"{self.app_spec}: launch() it first")
