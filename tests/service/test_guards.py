@@ -61,6 +61,23 @@ def test_a_keyless_server_off_loopback_refuses_to_start(bundle: Path, tmp_path: 
         assert way_out in lines[0]
 
 
+def test_the_demo_refuses_an_open_server_off_loopback_before_training(capsys: pytest.CaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import offline.jobs.pipeline
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the demo trained although it could not serve")
+
+    monkeypatch.setattr(offline.jobs.pipeline, "run_pipeline", never)
+    monkeypatch.delenv("SEQREC_API_KEY", raising=False)
+    monkeypatch.delenv("SEQREC_API_KEY_FILE", raising=False)
+    monkeypatch.delenv("SEQREC_INSECURE_NO_KEY", raising=False)
+    assert main(["demo", "--host", "0.0.0.0", "--port", "0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("seqrec: error: invalid settings: refusing to listen on 0.0.0.0 without an API key")
+
+
 def test_opting_out_and_a_key_both_start_off_loopback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in [n for n in os.environ if n.startswith("SEQREC_")]:
         monkeypatch.delenv(name)
