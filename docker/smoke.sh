@@ -14,7 +14,8 @@
 #    ports below; two api replicas, `api` and `api-2`, behind the lb), the trainer on
 #    configs/pipeline/demo.yaml (the demo pipeline);
 # 5. waits for a 200 from POST /recommend through the lb, sends POST /events through it, checks
-#    that /readyz reports a reachable, writable Redis;
+#    that /readyz reports a reachable, writable Redis, and that the api has a key (the one keygen generated,
+#    unless SEQREC_API_KEY is set) and refuses a write without it;
 # 6. retires (DELETE /admin/items/{id} through the lb) an item a recommendation returned, waits
 #    SEQREC_SMOKE_FOLLOW_S, then checks that no answer through the lb returns it and that both
 #    replicas answered some (their /metrics); 7. `docker compose down -v`.
@@ -243,9 +244,20 @@ compose_up() {
     "${COMPOSE[@]}" up -d --no-build --pull never
 }
 
-# With SEQREC_API_KEY set, every request the smoke sends carries it (the writes and a user's recommend need it).
+# Every request the smoke sends carries the stack's key (the writes and a user's recommend need it): SEQREC_API_KEY
+# when set (keygen writes it for the api), else the one keygen generated, read from the api (`api_key`).
 AUTH=()
 [ -z "${SEQREC_API_KEY:-}" ] || AUTH=(-H "Authorization: Bearer $SEQREC_API_KEY")
+
+api_key() {
+    local key code
+    key=$("${COMPOSE[@]}" exec -T api cat /run/secrets/seqrec/api_key) || return 1
+    [ "${#key}" -ge 16 ] || { echo "the api's key file holds ${#key} characters"; return 1; }
+    [ -n "${SEQREC_API_KEY:-}" ] || AUTH=(-H "Authorization: Bearer $key")
+    code=$(curl -sS -o "$WORK/answer.json" -w '%{http_code}' -X DELETE "$LB/admin/items/no-such-item") || return 1
+    echo "the api has a ${#key}-character key; DELETE /admin/items without it: $code"
+    [ "$code" = 401 ]  # the stack never comes up open
+}
 post() {
     curl -sS -o "$WORK/answer.json" -w '%{http_code}' -X POST "${AUTH[@]}" "$LB$1" -H 'content-type: application/json' \
         -d "$2"
@@ -341,6 +353,7 @@ step "build seqrec:cpu" build_image
 step "lb config" nginx_conf
 step "compose up (the trainer runs first)" compose_up
 step "first 200 from POST /recommend through the lb" first_recommend
+step "the stack has a key and refuses writes without it" api_key
 step "POST /events through the lb" events
 step "/readyz reports Redis" readyz
 step "a retired item leaves every replica" retired_everywhere

@@ -84,10 +84,11 @@ def add_bench_parser(sub: SubParsers, common: argparse.ArgumentParser) -> None:
     _add_shorthands(p)
     p.set_defaults(handler=_run_bench)
     tools = p.add_subparsers(dest="bench_tool",
-                             metavar="{latency,serve,index,merge,scale,parity,two-stage,seen-set,journal,redis-wait,cluster-failover}",
+                             metavar="{latency,serve,index,merge,scale,parity,two-stage,seen-set,journal,redis-wait,"
+                                     "cluster-failover,hardening}",
                              required=False)
     for add in (_add_merge, _add_latency, _add_serve, _add_index, _add_scale, _add_parity, _add_two_stage,
-                _add_seen_set, _add_journal, _add_redis_wait, _add_cluster_failover):
+                _add_seen_set, _add_journal, _add_redis_wait, _add_cluster_failover, _add_hardening):
         add(tools, common)
 
 
@@ -344,6 +345,21 @@ def _add_cluster_failover(tools: SubParsers, common: argparse.ArgumentParser) ->
     failover.set_defaults(handler=_run_cluster_failover)
 
 
+def _add_hardening(tools: SubParsers, common: argparse.ArgumentParser) -> None:
+    from offline.bench.faults.hardening import add_hardening_options
+
+    hardening = tools.add_parser(
+        "hardening", parents=[common], help="secure by default, read deadline, connection cap, honest readiness",
+        description="Against `seqrec serve` over real sockets: a key-less start on 0.0.0.0 and short keys refused, "
+        "foreign Host headers refused, clients trickling a byte every 1.5 s cut at the read deadline while a steady "
+        "client is timed beside them, the connection cap, /readyz 503 with the bench's own redis-server killed, no "
+        "Redis address or bundle folder in any answer, and every worker's JSON log lines. Prints a JSON report; "
+        "exits 1 when a check fails.",
+    )
+    add_hardening_options(hardening)
+    hardening.set_defaults(handler=_run_hardening)
+
+
 # --------------------------------------------------------------------------- handlers (imports load here)
 
 
@@ -369,3 +385,4 @@ _run_seen_set = _deferred("offline.bench.faults.seen_set", "run_seen_set")
 _run_journal = _deferred("offline.bench.faults.journal", "run_journal")
 _run_redis_wait = _deferred("offline.bench.faults.redis_wait", "run_redis_wait")
 _run_cluster_failover = _deferred("offline.bench.faults.cluster_failover", "run_cluster_failover")
+_run_hardening = _deferred("offline.bench.faults.hardening", "run_hardening")

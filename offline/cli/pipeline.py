@@ -6,11 +6,15 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.errors import SeqrecError
 from offline.cli.common import Subparsers, set_threads, shipped_configs
-from offline.cli.serve import check_bindable
+from offline.cli.serve import check_bindable, settings_message
 from offline.jobs.versions import CURRENT
+
+if TYPE_CHECKING:
+    from service.http.settings import Settings
 
 
 def add_pipeline_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -101,8 +105,10 @@ def _demo(args: argparse.Namespace) -> int:
     from offline.jobs.pipeline import run_pipeline, summary_table
     from service.system.loader import load_bundle
 
+    settings = None
     if not args.no_serve:  # before minutes of training, not after
         check_bindable(args.host, args.port, "--host/--port")
+        settings = demo_settings(args)
     set_threads(args.threads)
     config = shipped_configs() / "pipeline" / ("ml-100k-download.yaml" if args.download else "demo.yaml")
     summary = run_pipeline(config, args.out, threads=args.threads)
@@ -115,7 +121,20 @@ def _demo(args: argparse.Namespace) -> int:
     if args.no_serve:
         return 0
     from service.http.server import serve_one
+
+    assert settings is not None
+    serve_one(settings, bundle)
+    return 0
+
+
+def demo_settings(args: argparse.Namespace) -> Settings:
+    """The demo server's settings; on a non-loopback --host without SEQREC_API_KEY, the one-line refusal."""
+    from pydantic import ValidationError
+
     from service.http.settings import Settings
 
-    serve_one(Settings(artifacts=args.out, host=args.host, port=args.port, redis_url=None, log_level="info"), bundle)
-    return 0
+    given = {"host": args.host, "port": args.port}
+    try:
+        return Settings(artifacts=args.out, redis_url=None, log_level="info", **given)
+    except ValidationError as err:
+        raise SeqrecError("invalid settings: " + settings_message(err, given)) from None

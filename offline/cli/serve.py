@@ -15,6 +15,8 @@ from offline.cli.common import Subparsers
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from service.http.settings import Settings
+
 log = logging.getLogger("seqrec")
 
 
@@ -34,6 +36,10 @@ def add_serve_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=None, help="history store, e.g. redis://localhost:6379/0")
     p.add_argument("--max-batch", type=int, default=None, help="requests per forward pass (SEQREC_MAX_BATCH)")
     p.add_argument("--max-wait-ms", type=float, default=None, help="micro-batch wait (SEQREC_MAX_WAIT_MS)")
+    p.add_argument("--insecure-no-key", action="store_true", default=None,
+                   help="serve without an API key on a non-loopback --host: every write and /admin route is then "
+                   "open to anyone who reaches the port (SEQREC_INSECURE_NO_KEY); without it such a server refuses "
+                   "to start")
     p.set_defaults(handler=_serve)
 
 
@@ -45,6 +51,9 @@ def settings_message(err: ValidationError, flags: dict[str, object]) -> str:
         if error["type"] == "default_factory_not_called":  # a consequence of another error, listed beside it
             continue
         field = str(error["loc"][0]) if error["loc"] else ""
+        if not field:  # a check of several settings (the key and the host): its message names them
+            problems.append(error["msg"].removeprefix("Value error, "))
+            continue
         problems.append(f"{'--' + field.replace('_', '-') if field in flags else 'SEQREC_' + field.upper()}: "
                         f"{error['msg']}")
     return "; ".join(problems)
@@ -60,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
     from service.system.loader import resolve_bundle
 
     given = {name: getattr(args, name) for name in ("artifacts", "host", "port", "workers", "threads", "redis_url",
-                                                    "max_batch", "max_wait_ms")}
+                                                    "max_batch", "max_wait_ms", "insecure_no_key")}
     given = {name: value for name, value in given.items() if value is not None}
     try:
         settings = Settings(**given)  # options override SEQREC_* variables
@@ -76,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
         bundle = load_served(path, inference=settings.inference, threads=settings.threads)
     except BundleError as err:
         raise SeqrecError(str(err)) from None
+    configure_service_logging(settings)  # this process's lines in the workers' format (SEQREC_LOG_FORMAT)
     log.info("serving %s on http://%s:%d (docs at /docs)", path, settings.host, settings.port)
     if settings.workers == 1:
         serve_one(settings, bundle)
@@ -85,6 +95,14 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ[f"SEQREC_{name.upper()}"] = str(value)
     serve_workers(settings)
     return 0
+
+
+def configure_service_logging(settings: Settings) -> None:
+    import logging.config
+
+    from service.http.logs import log_config
+
+    logging.config.dictConfig(log_config(settings.log_format, settings.log_level))
 
 
 def check_bindable(host: str, port: int, options: str = "--host/--port, SEQREC_HOST/SEQREC_PORT") -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -33,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from common import seqrec_version
 from service.http.deps import State, require_key, utf8_path, utf8_query
 from service.http.engine import Engine, Overloaded, set_threads
+from service.http.guards import AllowedHosts, without_paths
 from service.http.metrics import Metrics
 from service.http.reloading import watch_current
 from service.http.routes import admin, catalog, events, health, history, items, recommend, web
@@ -65,6 +67,7 @@ def create_app(settings: Settings | None = None, *, bundle: Bundle | None = None
                   description="Two-stage sequential recommendations: retrieval over a FAISS index, then reranking.")
     app.add_middleware(_Measured, metrics=metrics)
     app.add_middleware(_HeadAsGet)
+    app.add_middleware(AllowedHosts, allowed=settings.host_allow_list())  # outermost: before anything reads it
     # Without a key, every route is open, and the OpenAPI document says so (no security scheme, no 401).
     guarded = settings.api_key_value() is not None
     for router in ROUTERS:
@@ -164,6 +167,8 @@ async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    if isinstance(exc.detail, str):  # a journal's OSError, a refused bundle's file: named, but not where it lives
+        exc.detail = without_paths(exc.detail)
     if exc.status_code == 405:
         # Starlette lists only the methods of the first route matching the path; RFC 9110 wants them all.
         # Every route counts: the app's own (the docs, the static files: their 405s sent an empty Allow) and the
@@ -189,6 +194,14 @@ async def foreign_history(request: Request, exc: ForeignHistory) -> JSONResponse
     return JSONResponse({"detail": str(exc)}, status_code=409)  # a retry cannot help, a DELETE of the history can
 
 
+STORE_LOG_EVERY_S = 10.0  # an outage fails every request: one log line per worker this often, not one each
+_store_logged = [float("-inf")]
+
+
 async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
-    return JSONResponse({"detail": f"history store unavailable, retry later: {exc}"}, status_code=503,
+    """503 naming what Redis does (unreachable, refusing writes...), not where it is: the address goes to the log."""
+    if time.monotonic() - _store_logged[0] >= STORE_LOG_EVERY_S:
+        _store_logged[0] = time.monotonic()
+        log.warning("history store unavailable: %s", exc)
+    return JSONResponse({"detail": f"history store unavailable, retry later: {exc.public}"}, status_code=503,
                         headers={"Retry-After": "1"})

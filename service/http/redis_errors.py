@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import redis
 import redis.exceptions as rex
 
+from common.errors import SeqrecError
 from common.redis_url import cluster_node_url, redact_url
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,15 @@ UNREACHABLE: tuple[type[BaseException], ...] = (rex.ConnectionError, rex.Timeout
                                                 rex.RedisClusterException)
 STORE_ERRORS: tuple[type[BaseException], ...] = (*UNREACHABLE, rex.RedisError)
 REFUSES_WRITES: tuple[type[BaseException], ...] = (rex.ReadOnlyError, rex.OutOfMemoryError)
+
+
+class StoreUnavailable(SeqrecError):
+    """The history store cannot serve now (down, timing out, loading, full, refusing the request); the API maps
+    it to 503 with ``public``, which names no address (the message itself, for the log, names the redacted URL)."""
+
+    def __init__(self, message: str, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = message if public is None else public
 
 
 def foreign_user(error: BaseException, users: Sequence[str]) -> str:

@@ -1,5 +1,6 @@
 """Running the HTTP service under uvicorn: one process with a loaded bundle, or uvicorn's multi-process
-supervisor whose workers each build their app from the SEQREC_* variables (`seqrec serve`, `seqrec demo`)."""
+supervisor whose workers each build their app from the SEQREC_* variables (`seqrec serve`, `seqrec demo`).
+Both run `service.http.guards.guarded_config`: the read deadline, the connection cap and every worker's logging."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import uvicorn
 
 from common.errors import SeqrecError
 from service.http.app import create_app
+from service.http.guards import guarded_config
 from service.http.settings import Settings
 from service.system.bundle import Bundle
 
@@ -15,14 +17,17 @@ WORKER_APP = "service.http.app:create_app"  # each worker process builds its app
 
 def serve_one(settings: Settings, bundle: Bundle) -> None:
     """Serve ``bundle`` in this process until stopped."""
-    uvicorn.run(create_app(settings, bundle=bundle), host=settings.host, port=settings.port,
-                log_level=settings.log_level)
+    from uvicorn.config import STARTUP_FAILURE
+
+    server = uvicorn.Server(guarded_config(create_app(settings, bundle=bundle), settings))
+    server.run()
+    if not server.started:  # what `uvicorn.run` does: the lifespan failed or the port was taken (logged)
+        raise SystemExit(STARTUP_FAILURE)
 
 
 def serve_workers(settings: Settings) -> None:
     """``settings.workers`` worker processes, each loading the bundle the environment's SEQREC_* variables name."""
-    run_workers(uvicorn.Config(WORKER_APP, factory=True, workers=settings.workers, host=settings.host,
-                               port=settings.port, log_level=settings.log_level))
+    run_workers(guarded_config(WORKER_APP, settings, factory=True, workers=settings.workers))
 
 
 def run_workers(config: uvicorn.Config) -> None:

@@ -47,17 +47,12 @@ import redis.exceptions as rex
 from common.errors import SeqrecError, first_line
 from common.redis_url import cluster_node_url, redact_url
 from service.http import store_cluster as rc
-from service.http.redis_errors import PROBE_MS, STORE_ERRORS, foreign_user, probe, redis_state
+from service.http.redis_errors import PROBE_MS, STORE_ERRORS, StoreUnavailable, foreign_user, probe, redis_state
 from service.http.settings import DEFAULT_SEEN_CAP, Settings
 from service.http.store_lua import APPEND, user_keys
 from service.http.store_memory import Record
 
 log = logging.getLogger(__name__)
-
-
-class StoreUnavailable(SeqrecError):
-    """The history store cannot serve now (down, timing out, loading, full, refusing the request); the API maps
-    it to 503."""
 
 
 class ForeignHistory(SeqrecError):
@@ -277,12 +272,15 @@ class RedisStore:
                 raise ForeignHistory(f"the stored history of {foreign_user(e, users)} (keys {self.prefix}*) holds "
                                      f"values seqrec did not write ({first_line(e)}); "
                                      "DELETE /users/{user_id}/history clears it") from e
-            raise StoreUnavailable(f"Redis at {self.url} {redis_state(e)}: {str(e) or type(e).__name__}") from e
+            state = redis_state(e)
+            answered = state in ("refused the request", "refuses writes")  # Redis's own words name no address
+            raise StoreUnavailable(f"Redis at {self.url} {state}: {str(e) or type(e).__name__}",
+                                   f"Redis {state}" + (f": {first_line(e)}" if answered else "")) from e
         except AttributeError as e:
             if not (self.cluster and rc.dropped_mid_command(e)):
                 raise
             raise StoreUnavailable(f"Redis at {self.url} is unreachable: a connection closed while the cluster "
-                                   "changed") from e
+                                   "changed", "Redis is unreachable") from e
 
     async def _append_batch(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> list[int]:
         """One script call for every user's events, their key types checked before anything is written; on a
@@ -304,9 +302,10 @@ class RedisStore:
             lengths, confirmed = await rc.append_waiting(client, self._append_script, keys, args, self.wait_replicas,
                                                          self.wait_ms)
         if confirmed < self.wait_replicas:
-            raise StoreUnavailable(f"Redis at {self.url} applied the events, but {confirmed} of the "
-                                   f"{self.wait_replicas} replicas required confirmed them within {self.wait_ms} ms "
-                                   "(SEQREC_REDIS_WAIT_REPLICAS): they may not survive the master's loss")
+            waited = (f"applied the events, but {confirmed} of the {self.wait_replicas} replicas required confirmed "
+                      f"them within {self.wait_ms} ms (SEQREC_REDIS_WAIT_REPLICAS): they may not survive the "
+                      "master's loss")
+            raise StoreUnavailable(f"Redis at {self.url} {waited}", f"Redis {waited}")
         return [int(n) for n in lengths]
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:

@@ -69,7 +69,8 @@ def api_and_trainer_problems(api: dict[str, Any], trainer: dict[str, Any]) -> li
     if "/readyz" not in " ".join(healthcheck_command(api)):
         problems.append("api has no healthcheck on /readyz")
     conditions = depends_on(api)
-    if conditions != {"redis": "service_healthy", "trainer": "service_completed_successfully"}:
+    if conditions != {"redis": "service_healthy", "trainer": "service_completed_successfully",
+                      "keygen": "service_completed_successfully"}:
         problems.append(f"api depends_on conditions are {conditions}")
     if "ports" in api:
         problems.append("api publishes ports (replicas cannot share a host port; lb publishes 8000)")
@@ -92,6 +93,36 @@ def api_and_trainer_problems(api: dict[str, Any], trainer: dict[str, Any]) -> li
     return problems
 
 
+KEY_FILE = "SEQREC_API_KEY_FILE"
+
+
+def key_problems(services: dict[str, Any]) -> list[str]:
+    """The stack cannot come up open: keygen writes the key to a volume the api reads it from, before the api
+    starts; only the lb publishes a port."""
+    keygen, api = services["keygen"], services["api"]
+    problems = []
+    if command(keygen)[:1] != ["keygen"] or len(command(keygen)) != 2:
+        problems.append(f"keygen runs {command(keygen)}, not the entrypoint's `keygen FILE`")
+    file = command(keygen)[-1]
+    folder = str(Path(file).parent)
+    written = {name: target for name, (target, read_only) in volumes(keygen, "volume").items() if not read_only}
+    read = {name: target for name, (target, read_only) in volumes(api, "volume").items() if read_only}
+    if not any(written.get(name) == folder == target for name, target in read.items()):
+        problems.append(f"keygen's {file} is not on a volume the api mounts read-only at {folder}")
+    if environment(api).get(KEY_FILE) != file:
+        problems.append(f"api's {KEY_FILE} is {environment(api).get(KEY_FILE)}, not keygen's {file}")
+    if environment(api).get("SEQREC_API_KEY"):
+        problems.append("api sets SEQREC_API_KEY itself (keygen writes it to the key file)")
+    if depends_on(api).get("keygen") != "service_completed_successfully":
+        problems.append("api does not wait for keygen (depends_on: service_completed_successfully)")
+    if str(keygen.get("restart")) != "no" or (keygen.get("healthcheck") or {}).get("disable") is not True:
+        problems.append("keygen is not one-shot without the image's healthcheck")
+    published = sorted(name for name, service in services.items() if service.get("ports"))
+    if published != ["lb"]:
+        problems.append(f"services publishing ports: {published}, not the lb alone")
+    return problems
+
+
 def lb_problems(lb: dict[str, Any]) -> list[str]:
     problems = []
     if image_version(str(lb.get("image", ""))) is None:
@@ -110,22 +141,29 @@ def lb_problems(lb: dict[str, Any]) -> list[str]:
 
 def compose_problems(compose: dict[str, Any]) -> list[str]:
     services = compose.get("services") or {}
-    if set(services) != {"redis", "trainer", "api", "lb"}:
-        return [f"services are {sorted(services)}, expected api, lb, redis, trainer"]
+    if set(services) != {"redis", "trainer", "keygen", "api", "lb"}:
+        return [f"services are {sorted(services)}, expected api, keygen, lb, redis, trainer"]
     return (redis_problems(services["redis"]) + api_and_trainer_problems(services["api"], services["trainer"])
-            + lb_problems(services["lb"]))
+            + key_problems(services) + lb_problems(services["lb"]))
 
 
-def environment_problems(compose: dict[str, Any]) -> list[str]:
+def environment_problems(compose: dict[str, Any], key_file: Path | None = None) -> list[str]:
+    """Every SEQREC_* variable is a setting (or a trainer's), and the api's settings validate, on the host its
+    command listens on; its key file, which keygen writes in the stack, is ``key_file`` here."""
     problems = []
-    for name, allowed in (("api", SETTINGS_VARIABLES), ("trainer", SETTINGS_VARIABLES | set(TRAINER_VARIABLES))):
+    for name, allowed in (("api", SETTINGS_VARIABLES), ("trainer", SETTINGS_VARIABLES | set(TRAINER_VARIABLES)),
+                          ("keygen", {"SEQREC_API_KEY"})):
         env = environment(compose["services"][name])
         for variable in sorted(v for v in env if v.startswith("SEQREC_")):
             if variable not in allowed:
                 what = "a service setting" if name == "api" else "a service setting or a trainer variable"
                 problems.append(f"{name} sets {variable}, not {what}")
+    api = compose["services"]["api"]
     values: dict[str, Any] = {v.removeprefix("SEQREC_").lower(): x
-                              for v, x in environment(compose["services"]["api"]).items() if v in SETTINGS_VARIABLES}
+                              for v, x in environment(api).items() if v in SETTINGS_VARIABLES}
+    values["host"] = option(command(api), "--host") or values.get("host", "127.0.0.1")
+    if "api_key_file" in values and key_file is not None:
+        values["api_key_file"] = key_file
     try:
         Settings(_env_file=None, **values)
     except ValueError as err:
@@ -168,9 +206,15 @@ def test_gpu_override_reserves_a_gpu_for_trainer_and_api():
     assert compose["services"]["api"]["image"] != compose_config(COMPOSE)["services"]["api"]["image"]
 
 
-def test_compose_environment_is_service_settings_or_trainer_variables():
+def test_compose_environment_is_service_settings_or_trainer_variables(tmp_path):
+    key_file = tmp_path / "api_key"
+    key_file.write_text("0" * 64)  # what keygen writes
     for compose in (compose_config(COMPOSE), compose_config(COMPOSE, COMPOSE_GPU)):
-        assert environment_problems(compose) == []
+        assert environment_problems(compose, key_file) == []
+    # without the key file the api on 0.0.0.0 would not start: the check sees it
+    compose = copy.deepcopy(compose_config(COMPOSE))
+    del compose["services"]["api"]["environment"][KEY_FILE]
+    assert any("refusing to listen on 0.0.0.0 without an API key" in p for p in environment_problems(compose))
 
 
 @pytest.mark.parametrize("variable", sorted(TRAINER_VARIABLES))
@@ -231,8 +275,16 @@ BREAKAGES = [
     (_set(["services", "trainer", "healthcheck"], None), "image's healthcheck"),
     (_set(["services", "api", "volumes"], ["artifacts:/artifacts:ro"]), "api's SEQREC_ARTIFACTS is not the writable"),
     (_set(["services", "trainer", "command"], ["seqrec", "pipeline", "--out", "/tmp/x"]), "--out"),
-    (_set(["services", "worker"], {"image": "busybox"}), "expected api, lb, redis, trainer"),
+    (_set(["services", "worker"], {"image": "busybox"}), "expected api, keygen, lb, redis, trainer"),
     (_set(["services", "api", "ports"], ["8000:8000"]), "api publishes ports"),
+    (_set(["services", "redis", "ports"], ["6379:6379"]), "not the lb alone"),
+    (_set(["services", "keygen", "command"], ["seqrec", "serve"]), "not the entrypoint's `keygen FILE`"),
+    (_set(["services", "api", "volumes"], ["artifacts:/artifacts", "secrets:/run/secrets/seqrec"]),
+     "not on a volume the api mounts read-only"),
+    (_set(["services", "api", "environment", "SEQREC_API_KEY_FILE"], "/tmp/key"), "not keygen's"),
+    (_set(["services", "api", "environment", "SEQREC_API_KEY"], "k" * 20), "api sets SEQREC_API_KEY"),
+    (_set(["services", "api", "depends_on", "keygen"], None), "does not wait for keygen"),
+    (_set(["services", "keygen", "restart"], "always"), "keygen is not one-shot"),
     (_set(["services", "api", "container_name"], "seqrec-api"), "container_name"),
     (_set(["services", "lb", "ports"], None), "not 8000:8000"),
     (_set(["services", "lb", "image"], "nginx:latest"), "pinned version"),

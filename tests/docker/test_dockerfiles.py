@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from service.http.settings import Settings
 from tests.docker.support import (
     DOCKERFILES,
     ENTRYPOINT,
@@ -73,7 +74,7 @@ def final_stage_problems(stages: list[Stage]) -> list[str]:
     if "SEQREC_ARTIFACTS=/artifacts" not in " ".join(final.args("ENV")):
         problems.append("SEQREC_ARTIFACTS is not /artifacts")
     owned = " ".join(run for run in final.args("RUN") if "chown" in run)
-    for folder in ("/artifacts", "/cache"):  # fresh named volumes copy the owner of the image's folder
+    for folder in ("/artifacts", "/cache", "/run/secrets/seqrec"):  # fresh named volumes copy the folder's owner
         if folder not in owned:
             problems.append(f"{folder} is not created and handed to the image's user")
     return problems
@@ -211,3 +212,23 @@ def test_entrypoint_runs_other_commands_as_given_and_refuses_once_without_out():
     refused = run_entrypoint("once", "true")
     assert refused.returncode == 2
     assert "--out" in refused.stderr
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
+def test_entrypoint_keygen_writes_a_key_once_or_the_given_one(tmp_path):
+    """The compose stack cannot come up open: keygen gives the api a key on the first start and keeps it."""
+    file = tmp_path / "api_key"
+    first = run_entrypoint("keygen", str(file))
+    assert first.returncode == 0, first.stderr
+    key = file.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", key), key  # 32 random bytes
+    assert Settings(_env_file=None, api_key_file=file, host="0.0.0.0").api_key_value() == key
+    assert file.stat().st_mode & 0o777 == 0o600
+    assert run_entrypoint("keygen", str(file)).returncode == 0
+    assert file.read_text() == key  # kept: every restart and every replica serves the same key
+    chosen = run_entrypoint("keygen", str(file), env={"SEQREC_API_KEY": "my-own-key-0123456789"})
+    assert chosen.returncode == 0
+    assert file.read_text() == "my-own-key-0123456789"  # a key set in .env wins (and rotates on `up`)
+    assert key not in first.stderr  # read from the volume, never printed to the log
+    assert run_entrypoint("keygen").returncode == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["api_key"]  # no temporary file left

@@ -96,9 +96,36 @@ def proxy_problems(directives: list[Directive], limit: int) -> list[str]:
     return problems
 
 
+MAX_READ_TIMEOUT_S = 60  # nginx's own default; a slow client holds a connection at most this long per read
+
+
+def seconds(value: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    number, unit = re.fullmatch(r"(\d+)(ms|s|m|h)?", value).groups()  # type: ignore[union-attr]
+    return int(number) * units[unit or "s"]
+
+
+def limits_problems(directives: list[Directive]) -> list[str]:
+    """One client cannot hold the lb: header and body read timeouts set at the http level (their defaults are
+    60 s), and a per-address connection limit whose zone exists."""
+    problems = []
+    http = [d for d in directives if d.block == ("http",)]
+    for name in ("client_header_timeout", "client_body_timeout", "send_timeout"):
+        set_to = [seconds(d.args[0]) for d in http if d.name == name]
+        if not set_to or set_to[0] >= MAX_READ_TIMEOUT_S:
+            problems.append(f"{name} is {set_to or 'unset'} (nginx's default 60 s), not below {MAX_READ_TIMEOUT_S} s")
+    zones = {arg.split("=", 1)[1].split(":")[0] for d in http if d.name == "limit_conn_zone" for arg in d.args
+             if arg.startswith("zone=")}
+    keyed = {d.args[0] for d in http if d.name == "limit_conn_zone" and d.args[0] == "$binary_remote_addr"}
+    limits = [d for d in directives if d.name == "limit_conn"]
+    if not keyed or not limits or any(d.args[0] not in zones for d in limits):
+        problems.append("no limit_conn on a zone keyed by the client's address ($binary_remote_addr)")
+    return problems
+
+
 def nginx_problems(text: str, limit: int, image: str, tmp_path: Path) -> list[str]:
     directives = parse_nginx(text, tmp_path)
-    return upstream_problems(directives, image) + proxy_problems(directives, limit)
+    return upstream_problems(directives, image) + proxy_problems(directives, limit) + limits_problems(directives)
 
 
 # --- the real file -------------------------------------------------------------------------------
@@ -168,6 +195,11 @@ NGINX_BREAKAGES = [
     ("proxy_set_header X-Request-ID $seqrec_request_id;", "", "X-Request-ID is not passed"),
     ("proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;", "", "X-Forwarded-For is not passed"),
     ("location / {", "location / {\n            proxy_set_header Host $host;", "drops the outer headers"),
+    ("client_header_timeout 10s;", "", "client_header_timeout is unset"),
+    ("client_body_timeout 10s;", "client_body_timeout 2m;", "client_body_timeout is [120]"),
+    ("send_timeout 10s;", "", "send_timeout is unset"),
+    ("limit_conn per_client 64;", "", "no limit_conn"),
+    ("limit_conn per_client 64;", "limit_conn other 64;", "no limit_conn"),
 ]
 
 

@@ -47,7 +47,7 @@ def url_port(text: str) -> int:
 
 def test_override_runs_every_service_on_the_host_network_without_published_ports():
     services = local_stack()
-    assert sorted(services) == ["api", "api-2", "lb", "redis", "trainer"]
+    assert sorted(services) == ["api", "api-2", "keygen", "lb", "redis", "trainer"]
     for name, service in services.items():
         assert service.get("network_mode") == "host", name
         assert not service.get("ports"), name

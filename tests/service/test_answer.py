@@ -117,7 +117,8 @@ async def test_personalize_on_a_bidirectional_model_is_a_422(bidirectional: Bund
     """In-process ASGI (the patched bundle lives in this process), with the app's own lifespan."""
     app = create_app(Settings(artifacts=bidirectional.path), bundle=bidirectional)
     transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+    local = "http://localhost"  # a key-less app answers its localhost names only (SEQREC_ALLOWED_HOSTS)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url=local) as client:
         response = await client.post("/recommend", json={"history": [bidirectional.external(1)], "personalize": True})
         plain = await client.post("/recommend", json={"history": [bidirectional.external(1)]})
     assert response.status_code == 422

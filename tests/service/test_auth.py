@@ -14,7 +14,7 @@ import pytest
 from offline.bench.lib.processes import ServerError, UvicornProcess
 from tests.service.support import Server, serving
 
-KEY = "s3cret-key"
+KEY = "s3cret-key-0123456789"
 WRONG = [
     {},
     {"Authorization": "Bearer wrong-key"},

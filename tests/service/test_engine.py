@@ -169,7 +169,8 @@ async def test_an_overloaded_service_answers_503_with_retry_after(served: Bundle
     monkeypatch.setattr(Engine, "recommend", refuse)
     app = create_app(Settings(artifacts=served.path), bundle=served)
     transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+    local = "http://localhost"  # a key-less app answers its localhost names only (SEQREC_ALLOWED_HOSTS)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url=local) as client:
         response = await client.post("/recommend", json={"history": [served.external(1)]})
         metrics = (await client.get("/metrics")).text
     assert response.status_code == 503

@@ -38,7 +38,7 @@ from common.atomic import write_json
 from offline.bench.faults.reliability import Started
 from tests.service.support import Server, serving
 
-KEY = "fuzz-key"
+KEY = "fuzz-key-0123456789ab"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 FUZZ_OUT = "SEQREC_FUZZ_OUT"  # a file for the slow run's counts (docs/results/reliability/fuzz.json is one)
 

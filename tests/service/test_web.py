@@ -23,7 +23,7 @@ from tests.service.support import REPO, Server, serving
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 ARTIFACTS = REPO / "test-artifacts" / "web"
-KEY = "web-key"
+KEY = "web-key-0123456789abc"
 WAIT_S = 20
 
 

@@ -135,8 +135,9 @@ def bad_push(url: str, artifacts: Path, good: Path, broken: Mapping[str, tuple[P
             detail = str(body.get("detail", ""))
             pushes[name] = {"http_status": status, "detail": detail, "expected_reason": reason,
                             "seconds": round(seconds, 3),
+                            # the file is named, not the folder it lives in (no path reaches a client)
                             "refused_with_reason": status == 409 and reason in detail
-                            and str(path.resolve()) in detail
+                            and str(path.resolve()) not in detail
                             and detail.startswith(f"bundle refused, still serving {v_good}: ")}
             await asyncio.sleep(gap_s)
         switch_current(artifacts, new)

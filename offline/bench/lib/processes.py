@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import logging
 import os
 import shutil
@@ -18,10 +19,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from common.errors import SeqrecError
 
@@ -50,11 +53,17 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def is_ready(url: str) -> bool:
-    """GET url/readyz answers 2xx (not listening yet, or a non-2xx answer, is False)."""
+    """GET url/readyz answers 2xx, or 503 "degraded": the server has started and serves, only its history store
+    is down (a bench or test may start it so on purpose). Not listening yet, or another answer, is False."""
     try:
         with DIRECT.open(f"{url}/readyz", timeout=1.0) as response:
             return bool(200 <= response.status < 300)
-    except (OSError, http.client.HTTPException):  # urllib's HTTPError (non-2xx) is an OSError
+    except urllib.error.HTTPError as err:  # a non-2xx answer
+        try:
+            return err.code == 503 and json.loads(err.read()).get("status") == "degraded"
+        except (OSError, ValueError, AttributeError):
+            return False
+    except (OSError, http.client.HTTPException):
         return False
 
 
@@ -98,13 +107,13 @@ class UvicornProcess:
         return [sys.executable, "-m", "uvicorn", self.app_spec, "--factory", "--host", "127.0.0.1",
                 "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"]
 
-    def launch(self) -> UvicornProcess:
+    def launch(self) -> Self:
         with self.log.open("ab") as sink:
             self.proc = subprocess.Popen(self.command(), env=self.env, cwd=self.cwd, stdout=sink,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
-    def wait_ready(self, timeout_s: float = 60.0) -> UvicornProcess:
+    def wait_ready(self, timeout_s: float = 60.0) -> Self:
         """Poll GET /readyz; a ServerError with the end of the output if it exits or times out first."""
         if self.proc is None:
             raise ServerError(f"{self.app_spec}: launch() it first")
@@ -125,6 +134,21 @@ class UvicornProcess:
         if self.proc is not None:
             stop_process(self.proc, self.grace_s)
         self.proc = None
+
+
+class SeqrecServeProcess(UvicornProcess):
+    """``seqrec serve`` on ``host``:``port``: the command the image runs (its read deadline, connection cap and
+    every worker's logging come from `service.http.guards.guarded_config`, which a bare uvicorn command lacks).
+    ``url`` is on 127.0.0.1, which a server on 0.0.0.0 also answers."""
+
+    def __init__(self, env: Mapping[str, str], log: Path, *, host: str = "127.0.0.1", port: int | None = None,
+                 cwd: Path | None = None, options: tuple[str, ...] = ()) -> None:
+        super().__init__("seqrec serve", env, log, port=port, cwd=cwd)
+        self.host, self.options = host, options
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "offline.cli", "serve", "--host", self.host, "--port", str(self.port),
+                *self.options]
 
 
 @dataclass(frozen=True)
