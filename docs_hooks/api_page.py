@@ -107,4 +107,4 @@ def openapi_document() -> dict[str, Any]:
     from service.http.settings import Settings
 
     # no bundle is loaded: the lifespan (which loads it) never runs to produce the document
-    return create_app(Settings(artifacts="artifacts", api_key="documented")).openapi()
+    return create_app(Settings(artifacts="artifacts", api_key="documented-key-16chars")).openapi()

@@ -42,7 +42,7 @@ class Client:
     def __init__(self, app: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.lifespan = app.router.lifespan_context(app)
-        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://seqrec")
+        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
 
     def request(self, method: str, path: str, body: Any) -> httpx.Response:
         return self.loop.run_until_complete(self.http.request(method, path, json=body))
