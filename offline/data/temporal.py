@@ -15,12 +15,13 @@ Sequences arrive in time order (stable sort by timestamp, file order on ties, do
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
 from common.errors import SeqrecError
+from offline.data.prepared import PreparedDataset
 from offline.data.sequences import Sequences
 from offline.data.split import Split, repeat_targets
 
@@ -30,7 +31,10 @@ PROTOCOLS = ("loo", "temporal")
 
 
 class TemporalError(SeqrecError):
-    """Data or cuts the temporal protocol cannot use (no timestamps, cuts out of order, an empty window)."""
+    """Data or cuts the temporal protocol cannot use (no timestamps, cuts out of order, an empty window): the CLI
+    exits 2, as for a usage error, since the data or the flags must change."""
+
+    exit_code = 2
 
 
 def cut_time(spec: str | float, timestamps: np.ndarray) -> float:
@@ -51,7 +55,7 @@ def cut_time(spec: str | float, timestamps: np.ndarray) -> float:
         raise TemporalError(f"cut {text!r} is neither a quantile in (0, 1) nor an ISO date (2026-12-03, "
                             "2026-12-03T10:00)") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 
@@ -77,8 +81,8 @@ class Window:
         rows = np.asarray(rows, dtype=np.int64)
         keep = np.flatnonzero(np.isin(self.users, rows))
         renumbered = np.searchsorted(np.sort(rows), self.users[keep])  # the users' rows in the restricted data
-        return replace(self, users=np.argsort(rows, kind="stable")[renumbered], inputs=self.inputs.take(keep), targets=self.targets[keep],
-                       horizon=self.horizon.take(keep))
+        return replace(self, users=np.argsort(rows, kind="stable")[renumbered], inputs=self.inputs.take(keep),
+                       targets=self.targets[keep], horizon=self.horizon.take(keep))
 
     def record(self) -> dict[str, Any]:
         new_targets = self.new_items[self.targets]
@@ -135,6 +139,31 @@ class TemporalSplit:
                 "valid": self.valid.record(), "test": self.test.record()}
 
 
+@dataclass(frozen=True)
+class TemporalProtocol:
+    """The cuts (quantiles of the interaction times or dates) and whether to refit before the test."""
+
+    valid_cut: str = DEFAULT_VALID_CUT
+    test_cut: str = DEFAULT_TEST_CUT
+    refit: bool = False
+
+    def split(self, sequences: Sequences, has_timestamps: bool = True) -> TemporalSplit:
+        return temporal_split(sequences, self.valid_cut, self.test_cut, has_timestamps=has_timestamps)
+
+    def split_data(self, data: PreparedDataset) -> TemporalSplit:
+        """The split of a prepared folder (one prepared without timestamps is refused)."""
+        return self.split(data.sequences, bool(data.manifest.get("has_timestamps", True)))
+
+    def matches(self, record: Any) -> bool:
+        """Whether an artifact's ``protocol`` record names the temporal protocol with these cuts."""
+        return isinstance(record, dict) and all(record.get(key) == value for key, value in self.record().items()
+                                                if key != "refit")
+
+    def record(self) -> dict[str, Any]:
+        return {"protocol": "temporal", "valid_cut": self.valid_cut, "test_cut": self.test_cut,
+                "refit": self.refit}
+
+
 def repeat_shares(split: TemporalSplit) -> dict[str, float]:
     """{"valid": share, "test": share} of targets that repeat an item of the user's history before the cut."""
     return {name: round(float(repeat_targets(split.inputs(name), split.targets(name)).mean()), 6)
@@ -142,10 +171,11 @@ def repeat_shares(split: TemporalSplit) -> dict[str, float]:
 
 
 def temporal_split(sequences: Sequences, valid_cut: str | float = DEFAULT_VALID_CUT,
-                   test_cut: str | float = DEFAULT_TEST_CUT) -> TemporalSplit:
-    """Cut ``sequences`` (time-ordered rows with timestamps) at the two cuts (quantiles or dates)."""
+                   test_cut: str | float = DEFAULT_TEST_CUT, *, has_timestamps: bool = True) -> TemporalSplit:
+    """Cut ``sequences`` (time-ordered rows with timestamps) at the two cuts (quantiles or dates).
+    has_timestamps: False for data whose times are only the file order (`seqrec prepare` stores those)."""
     times = sequences.timestamps
-    if times is None:
+    if times is None or not has_timestamps:
         raise TemporalError("the temporal protocol needs timestamps, and this data has none; prepare it from a "
                             "source with a time column (--time-col for CSV/Parquet), or use --protocol loo")
     times = np.asarray(times)

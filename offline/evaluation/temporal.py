@@ -11,17 +11,24 @@ under the exclude policy, so a window item repeating the history is a miss there
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from common.metrics import metrics_from_ranks
+from offline.data.prepared import PreparedDataset
 from offline.data.sequences import Sequences
 from offline.data.split import Split
-from offline.data.temporal import TemporalSplit, Window
+from offline.data.temporal import TemporalError, TemporalProtocol, TemporalSplit, Window, repeat_shares
 from offline.evaluation.evaluate import EVAL_KS, Scorer, chunked_target_ranks, summarize, target_ranks
+from offline.evaluation.retriever import check_catalogue, index_metrics
+from retriever.artifact import load_artifact
 from retriever.model import Retriever
+from retriever.popularity import Popularity
+from retriever.repeats import resolve_repeats
 
 # (inputs, targets, description) -> (n,) pessimistic ranks of the targets.
 RanksOf = Callable[[Sequences, np.ndarray, str], np.ndarray]
@@ -80,3 +87,50 @@ def window_recall(window: Window, ranks_of: RanksOf, ks: Sequence[int], desc: st
     hits = metrics_from_ranks(ranks, ks)
     return {f"Recall@{k}": round(float((np.bincount(owner, weights=hits[f"HR@{k}"], minlength=len(per_user))
                                         / per_user).mean()), 6) for k in ks}
+
+
+def evaluate_artifact_temporal(path: Path, data: PreparedDataset, protocol: TemporalProtocol, *,
+                               ks: tuple[int, ...] = EVAL_KS, use_index: bool = True,
+                               batch_size: int | None = None) -> dict[str, Any]:
+    """`seqrec evaluate --artifact --protocol temporal`: the artifact must have been trained under the same cuts
+    (one trained under leave-one-out, or other cuts, learnt from the windows it would be scored on). Whether it
+    was refitted is read from it: a refitted artifact learnt from the validation window too, so only its test
+    window is scored."""
+    artifact = load_artifact(path, with_index=use_index)
+    check_catalogue(artifact, data)
+    trained = getattr(artifact.manifest, "protocol", None)
+    if not protocol.matches(trained):
+        how = "leave-one-out" if not isinstance(trained, dict) else (
+            f"the cuts {trained.get('valid_cut')}/{trained.get('test_cut')}")
+        raise TemporalError(f"{path} was trained under {how}, not under the temporal protocol asked for "
+                            f"(cuts {protocol.valid_cut}/{protocol.test_cut}): its training "
+                            "saw interactions of the windows it would be scored on; train it with the same flags")
+    protocol = replace(protocol, refit=bool(trained.get("refit")))  # type: ignore[union-attr]
+    split = protocol.split_data(data)
+    splits: tuple[Split, ...] = ("test",) if protocol.refit else ("valid", "test")
+    exclude_seen = artifact.manifest.exclude_seen
+    ranks = retriever_ranks(artifact.model, artifact.max_len, exclude_seen=exclude_seen, batch_size=batch_size)
+    result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest.version,
+                              "repeats": artifact.manifest.repeats, "repeat_targets": repeat_shares(split),
+                              **temporal_metrics(split, ranks, splits, ks)}
+    if use_index:
+        index = index_metrics(artifact, split, splits, ks)  # type: ignore[arg-type]
+        result["index"] = {"spec": artifact.manifest.index, **index}
+    return result
+
+
+def evaluate_popularity_temporal(data: PreparedDataset, protocol: TemporalProtocol, *, repeats: str = "auto",
+                                 ks: tuple[int, ...] = EVAL_KS, batch_size: int | None = None) -> dict[str, Any]:
+    """The popularity baseline under the temporal split: counts before the validation cut (before the test cut
+    for the test window, with refit); ``repeats`` a policy of retriever/repeats.py ("auto": by the validation
+    window's repeat share)."""
+    split = protocol.split_data(data)
+    shares = repeat_shares(split)
+    policy = resolve_repeats(repeats, shares["valid"])
+    exclude_seen = policy == "exclude"
+    fitted = Popularity.fit(split.train.items, data.n_items)
+    tested = Popularity.fit(split.refit_train.items, data.n_items) if protocol.refit else fitted
+    ranks = {"valid": scorer_ranks(fitted.score, data.n_items, exclude_seen=exclude_seen, batch_size=batch_size),
+             "test": scorer_ranks(tested.score, data.n_items, exclude_seen=exclude_seen, batch_size=batch_size)}
+    return {"repeats": policy, "repeat_targets": shares,
+            **temporal_metrics(split, ranks, ks=ks)}  # type: ignore[arg-type]

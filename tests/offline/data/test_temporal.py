@@ -44,7 +44,8 @@ def test_validation_window_inputs_targets_and_horizon(split):
     assert split.inputs("valid").to_lists() == [[1, 2]]
     assert split.targets("valid").tolist() == [3]
     assert split.horizon("valid").to_lists() == [[3, 4]]
-    assert valid.cold_users == 1 and valid.cold_interactions == 2  # user 2: items 7 and 3 with no history before
+    assert valid.cold_users == 1
+    assert valid.cold_interactions == 2
 
 
 def test_test_window_ties_keep_file_order(split):
@@ -53,7 +54,8 @@ def test_test_window_ties_keep_file_order(split):
     assert split.inputs("test").to_lists() == [[1, 2, 3, 4], [7, 3], [1]]
     assert split.targets("test").tolist() == [5, 8, 9]  # user 3's first item at the cut in file order: 9, not 2
     assert split.horizon("test").to_lists() == [[5, 6], [8], [9, 9, 2]]
-    assert test.cold_users == 1 and test.cold_interactions == 1
+    assert test.cold_users == 1
+    assert test.cold_interactions == 1
 
 
 def test_new_items_are_those_first_seen_at_or_after_the_cut(split):
@@ -61,12 +63,15 @@ def test_new_items_are_those_first_seen_at_or_after_the_cut(split):
     assert (np.flatnonzero(split.valid.new_items[1:]) + 1).tolist() == [3, 4, 5, 6, 7, 8, 9]
     assert (np.flatnonzero(split.test.new_items[1:]) + 1).tolist() == [5, 6, 8, 9]
     record = split.test.record()
-    assert record["new_item_targets"] == 3 and record["users"] == 3 and record["cold_users"] == 1
+    assert record["new_item_targets"] == 3
+    assert record["users"] == 3
+    assert record["cold_users"] == 1
 
 
 def test_quantile_cuts():
     times = np.arange(1, 11)
-    assert cut_time("0.8", times) == 8.0 and cut_time(0.9, times) == 9.0
+    assert cut_time("0.8", times) == 8.0
+    assert cut_time(0.9, times) == 9.0
     with pytest.raises(TemporalError, match="strictly between 0 and 1"):
         cut_time("1.5", times)
     with pytest.raises(TemporalError, match="neither a quantile"):
