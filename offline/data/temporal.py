@@ -22,12 +22,9 @@ import numpy as np
 
 from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
+from offline.data.protocols import DEFAULT_TEST_CUT, DEFAULT_VALID_CUT
 from offline.data.sequences import Sequences
 from offline.data.split import Split, repeat_targets
-
-DEFAULT_VALID_CUT = "0.8"
-DEFAULT_TEST_CUT = "0.9"
-PROTOCOLS = ("loo", "temporal")
 
 
 class TemporalError(SeqrecError):
