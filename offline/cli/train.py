@@ -257,7 +257,7 @@ def _evaluate_temporal(args: argparse.Namespace, data: PreparedDataset, temporal
                               "is evaluated under the protocol it was trained with; drop --refit here")
         result = evaluate_artifact_temporal(args.artifact, data, temporal, ks=ks, use_index=not args.no_index,
                                             batch_size=args.batch_size)
-        print_json({"data": str(args.data), "protocol": temporal.record(), **result})
+        print_json({"data": str(args.data), **result})
         return 0
     result = evaluate_popularity_temporal(data, temporal, repeats=args.repeats, ks=ks, batch_size=args.batch_size)
     print_json({"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items,

@@ -57,14 +57,21 @@ def train_retriever(
     return manifest if manifest is not None else RetrieverManifest.model_validate_json(text)
 
 
-def _run_data(run_dir: Path, data: PreparedDataset, resume: bool) -> dict[str, str]:
+def _run_data(run_dir: Path, data: PreparedDataset, resume: bool,
+              temporal: TemporalProtocol | None = None) -> dict[str, str]:
     """RUN/data.json, for `fit` to write beside its checkpoints: the prepared data a training runs on (its files'
     checksums and sizes). --resume on other data is refused here: it continued silently, a checkpoint of another
     dataset with the same catalogue size trained on, and the bundle was published as a model of the new data."""
     path = run_dir / RUN_DATA
-    trained_on = {"sha256": data.manifest.get("sha256", {}), "users": data.n_users, "items": data.n_items}
+    trained_on = {"sha256": data.manifest.get("sha256", {}), "users": data.n_users, "items": data.n_items,
+                  **({} if temporal is None else {"protocol": temporal.record()})}
     if resume and path.exists():
         stored = json.loads(path.read_text())
+        if stored.get("protocol") != trained_on.get("protocol"):
+            raise ConfigError(f"{run_dir}: its checkpoint was trained under "
+                              f"{stored.get('protocol') or 'leave-one-out'}, not under "
+                              f"{trained_on.get('protocol') or 'leave-one-out'}; resume with its --protocol flags, "
+                              "or choose a new --out")
         if stored != trained_on:
             raise ConfigError(f"{run_dir}: its checkpoint was trained on other data ({stored.get('users')} users, "
                               f"{stored.get('items')} items; {data.path} has {data.n_users} and {data.n_items}, or "
@@ -92,7 +99,7 @@ def _train_retriever(
                              exclude_seen=exclude_seen)["valid"]
 
     init = None if init_from is None else warm_start_init(init_from, config, data)
-    run_files = _run_data(out / "run", data, resume) if dist is None or dist.is_main else {}
+    run_files = _run_data(out / "run", data, resume, temporal) if dist is None or dist.is_main else {}
     result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume,
                  item_features=features, dist=dist, init=init,
                  run_files=run_files)

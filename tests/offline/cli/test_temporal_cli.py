@@ -54,6 +54,7 @@ def test_train_refits_and_evaluate_reproduces_the_test_figures(refitted: Path, p
     assert main(["evaluate", "--artifact", str(refitted), "--data", str(prepared), "--protocol", "temporal"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert "valid" not in result  # a refit learnt from the validation window: only the test window is scored
+    assert result["protocol"]["refit"] is True  # read from the artifact
     assert result["test"] == manifest.metrics["test"]
     assert result["index"]["test"]["NDCG@10"] == pytest.approx(result["test"]["NDCG@10"], abs=1e-6)
     assert result["temporal"]["test"]["users"] == split.test.record()["users"]
@@ -105,6 +106,8 @@ def test_what_cannot_run_under_the_temporal_protocol_is_refused(refitted: Path, 
           "--valid-cut", "0.95"], 2, "must come before"),
         (["mine", "--artifact", str(refitted), "--data", str(prepared), "--out", str(tmp_path / "mined")], 2,
          "leave-one-out retrievers only"),
+        (["train", "--data", str(prepared), "--out", str(refitted), *TINY, "--resume"], 1,
+         "resume with its --protocol flags"),
         (["pipeline", "--config", "configs/pipeline/demo.yaml", "--out", str(tmp_path / "p"), "--protocol",
           "temporal"], 2, "runs leave-one-out only"),
         (["tune", "--data", str(prepared), "--out", str(tmp_path / "t"), "--protocol", "temporal"], 2,
