@@ -111,7 +111,8 @@ def evaluate_artifact_temporal(path: Path, data: PreparedDataset, protocol: Temp
     exclude_seen = artifact.manifest.exclude_seen
     ranks = retriever_ranks(artifact.model, artifact.max_len, exclude_seen=exclude_seen, batch_size=batch_size)
     result: dict[str, Any] = {"artifact": str(path), "version": artifact.manifest.version,
-                              "protocol": protocol.record(), "repeats": artifact.manifest.repeats, "repeat_targets": repeat_shares(split),
+                              "protocol": protocol.record(), "repeats": artifact.manifest.repeats,
+                              "repeat_targets": repeat_shares(split),
                               **temporal_metrics(split, ranks, splits, ks)}
     if use_index:
         index = index_metrics(artifact, split, splits, ks)  # type: ignore[arg-type]
