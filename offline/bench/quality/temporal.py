@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-cut", default=DEFAULT_TEST_CUT)
     parser.add_argument("--refit", action="store_true", help="temporal runs refit before the test cut")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS),
+                        help="train only these (e.g. the cheap temporal runs of new seeds first)")
     parser.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides for every model (e.g. train.epochs=2 for a smoke run)")
     args = parser.parse_args(argv)
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     temporal = TemporalProtocol(args.valid_cut, args.test_cut, args.refit)
     started, load_before = time.time(), os.getloadavg()
     runs: list[dict[str, Any]] = []
-    for protocol in PROTOCOLS:
+    for protocol in args.protocols:
         chosen = temporal if protocol == "temporal" else None
         runs.append({"model": "popularity", "seed": None, "protocol": protocol, **popularity_run(data, chosen)})
         for config in args.configs:
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"model": name, "seed": seed, "protocol": protocol, "config": config,
                              **retriever_run(config, seed, data, chosen, out, args.threads, args.override)})
     rankings = {protocol: ranking(runs, protocol) for protocol in PROTOCOLS}
-    table = side_by_side(rankings)
+    table = side_by_side(rankings) if set(args.protocols) == set(PROTOCOLS) else ""
     record = {
         "command": " ".join(["python -m offline.bench.quality.temporal", *(sys.argv[1:] if argv is None else argv)]),
         "data": dataset_fingerprint(data), "temporal": temporal.record(),
