@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from offline.cli.common import SEED, Subparsers
+from offline.cli.temporal import add_protocol_arguments, protocol_from
 
 
 def add_prepare_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -37,6 +38,7 @@ def add_prepare_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None
     s.add_argument("--n-items", type=int)
     s.add_argument("--mean-length", type=float)
     s.add_argument("--seed", type=SEED)
+    add_protocol_arguments(p, refit=False)
     p.set_defaults(handler=_prepare)
 
 
@@ -54,8 +56,10 @@ def _prepare(args: argparse.Namespace) -> int:
     flags.update(time_col=args.time_col or None, sep=parse_sep(args.sep))  # '' and '\\t' as a shell passes them
     options = ReaderOptions(path=args.path, synthetic=synthetic, **flags)
     filters = Filters(args.min_user_interactions, args.k_core, args.min_rating)
+    temporal = protocol_from(args)
+    check = None if temporal is None else lambda sequences, stamped: temporal.split(sequences, stamped).record()
     manifest = prepare_dataset(args.dataset, args.out, options, filters, download=args.download,
-                               cache_dir=args.cache_dir, overwrite=args.overwrite)
+                               cache_dir=args.cache_dir, overwrite=args.overwrite, check_split=check)
     print(
         f"prepared {manifest['source']}: {manifest['users']:,} users, {manifest['items']:,} items, "
         f"{manifest['interactions']:,} interactions -> {args.out}"
@@ -63,4 +67,17 @@ def _prepare(args: argparse.Namespace) -> int:
     shares = manifest["repeat_targets"]
     print(f"repeat targets (already in the user's history): {shares['valid']:.1%} of validation, "
           f"{shares['test']:.1%} of test")
+    if "split" in manifest:
+        _print_split(manifest["split"])
     return 0
+
+
+def _print_split(record: dict) -> None:
+    """The temporal split's windows, as `seqrec prepare --protocol temporal` checked them (docs/temporal.md)."""
+    print(f"temporal split (cuts {record['valid_cut']} / {record['test_cut']}): "
+          f"{record['train_interactions']:,} training interactions before the validation cut")
+    for name in ("valid", "test"):
+        w = record[name]
+        print(f"  {name}: {w['users']:,} warm users, {w['cold_users']:,} cold users (apart), "
+              f"{w['window_interactions']:,} window interactions, {w['new_item_targets']:,} next-item targets "
+              f"are new items")

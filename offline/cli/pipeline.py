@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from common.errors import SeqrecError
 from offline.cli.common import Subparsers, set_threads, shipped_configs
 from offline.cli.serve import check_bindable, settings_message
+from offline.cli.temporal import add_loo_only_protocol, refuse_temporal_protocol
 from offline.jobs.versions import CURRENT
 
 if TYPE_CHECKING:
@@ -36,12 +37,14 @@ def add_pipeline_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
     p.add_argument("--threads", type=int, default=None, help="CPU threads for training")
     p.add_argument("--warm-start", action="store_true",
                    help="train from the served bundle's weights (as `warm_start: true` in the config)")
+    add_loo_only_protocol(p, "pipeline")
     p.set_defaults(handler=_pipeline)
 
 
 def _pipeline(args: argparse.Namespace) -> int:
     from offline.jobs.pipeline import run_pipeline, summary_table
 
+    refuse_temporal_protocol(args, "pipeline")
     if args.config is None:
         raise SeqrecError("--config is required (or set SEQREC_PIPELINE_CONFIG); see configs/pipeline/")
     if not args.config.exists():

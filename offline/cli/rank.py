@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from common.errors import SeqrecError, validation_message
 from common.folders import refuse_seqrec_folder
 from offline.cli.common import SEED, Subparsers, parse_names, print_json, set_threads
+from offline.cli.temporal import refuse_temporal_retriever
 from ranker.config import MINING, TRAINABLE_KINDS, RankerConfig, check_mlp_training, mlp_default, ranker_default
 
 
@@ -66,6 +67,7 @@ def _mine(args: argparse.Namespace) -> int:
     except ValidationError as err:
         raise SeqrecError(validation_message(err)) from None
     refuse_seqrec_folder(args.out)
+    refuse_temporal_retriever(args.artifact, "mine")
     data = load_prepared(args.data)
     artifact = load_artifact(args.artifact)
     check_catalogue(artifact, data)
@@ -136,6 +138,7 @@ def _train_ranker(args: argparse.Namespace) -> int:
         raise SeqrecError(validation_message(err)) from None
     if args.mined is not None:
         refuse_seqrec_folder(args.mined, "--mined")
+    refuse_temporal_retriever(args.artifact, "train-ranker")
     data = load_prepared(args.data)
     manifest = train_ranker(args.artifact, data, config, mined_dir=args.mined, mlp=mlp, lgbm={"seed": args.seed})
     summary = {"artifact": str(args.artifact), "kind": manifest.kind, "selection": manifest.selection,

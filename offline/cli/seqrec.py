@@ -133,7 +133,7 @@ def _run(argv: Sequence[str] | None) -> int:
         kind = "error" if user_error else f"internal error ({type(err).__name__})"
         hint = "" if user_error else " (rerun with --debug for the traceback)"
         print(f"seqrec: {kind}: {err}{hint}", file=sys.stderr)
-        return 1
+        return int(getattr(err, "exit_code", 1)) if user_error else 1
 
 
 def _file_system_error(err: Exception) -> TypeGuard[OSError]:

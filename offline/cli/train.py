@@ -6,12 +6,18 @@ import argparse
 import logging
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.atomic import exclusive
 from common.errors import SeqrecError
 from common.folders import refuse_seqrec_folder
 from offline.cli.common import SEED, Subparsers, at_least, parse_ks, print_json
+from offline.cli.temporal import add_protocol_arguments, protocol_from, refuse_temporal_artifact
 from retriever.repeats import REPEATS
+
+if TYPE_CHECKING:
+    from offline.data.prepared import PreparedDataset
+    from offline.data.temporal import TemporalProtocol
 
 TRAIN_LOCK = "train.lock"  # in OUT/run, held by the run writing OUT
 
@@ -39,6 +45,7 @@ def add_train_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--distributed", action="store_true",
                    help="data-parallel training on several processes (docs/SCALE.md); needs torchrun, e.g. "
                    "torchrun --nproc_per_node 2 -m offline.cli train --distributed ... (implied under torchrun)")
+    add_protocol_arguments(p, refit=True)
     p.set_defaults(handler=_train, overrides=True)
 
 
@@ -62,6 +69,7 @@ def _train(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     config = load_config(args.config, overrides)
+    temporal = protocol_from(args)
     _check_out(args.out, args.resume)  # before the lock creates OUT/run: a dataset's folder stays untouched
     # One run per --out: two would interleave their checkpoints and files. Rank 0 of a torchrun job holds the
     # lock for all its ranks, which share the folder.
@@ -74,7 +82,7 @@ def _train(args: argparse.Namespace) -> int:
         _check_out(args.out, args.resume)  # again under the lock: a run that ended meanwhile left its artifact
         data = load_prepared(args.data)
         manifest = train_retriever(config, data, args.out, resume=args.resume, index_spec=IndexSpec(kind=args.index),
-                                   dist=dist, init_from=args.init_from)
+                                   dist=dist, init_from=args.init_from, temporal=temporal)
     if not main:
         return 0
     summary = {"artifact": str(args.out), "version": manifest.version, "training": manifest.training,
@@ -178,6 +186,7 @@ def add_evaluate_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
     p.add_argument("--repeats", choices=list(REPEATS), default="auto",
                    help="without --artifact (the popularity baseline): the repeat policy (retriever/repeats.py); "
                    "an artifact always follows the policy its manifest stores")
+    add_protocol_arguments(p, refit=True)
     p.set_defaults(handler=_evaluate)
 
 
@@ -196,7 +205,12 @@ def _evaluate(args: argparse.Namespace) -> int:
             "--stage retriever" if args.stage == "retriever" else f"{args.artifact}, which holds no ranker")
         verb = "apply" if len(given) > 1 else "applies"
         raise SeqrecError(f"{' and '.join(given)} {verb} to a two-stage evaluation, not to {what}")
+    temporal = protocol_from(args)
+    if temporal is None and args.artifact is not None:
+        refuse_temporal_artifact(args.artifact)
     data = load_prepared(args.data)
+    if temporal is not None:
+        return _evaluate_temporal(args, data, temporal, ks, two_stage)
     if two_stage:
         from offline.jobs.evaluate import evaluate_bundle
 
@@ -226,4 +240,26 @@ def _evaluate(args: argparse.Namespace) -> int:
     result = {"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items,
               "repeats": repeats, "repeat_targets": data.repeat_shares, **metrics}
     print_json(result)
+    return 0
+
+
+def _evaluate_temporal(args: argparse.Namespace, data: PreparedDataset, temporal: TemporalProtocol, ks: tuple[int, ...],
+                       two_stage: bool) -> int:
+    """`seqrec evaluate --protocol temporal` (offline/evaluation/temporal.py)."""
+    from offline.evaluation.temporal import evaluate_artifact_temporal, evaluate_popularity_temporal
+
+    if two_stage:
+        raise SeqrecError("--protocol temporal evaluates a retriever or the popularity baseline; the two-stage "
+                          "path mines and trains its ranker on leave-one-out positions, so add --stage retriever")
+    if args.artifact is not None:
+        if args.refit:
+            raise SeqrecError("--refit is a training choice: an artifact records it (`seqrec train --refit`) and "
+                              "is evaluated under the protocol it was trained with; drop --refit here")
+        result = evaluate_artifact_temporal(args.artifact, data, temporal, ks=ks, use_index=not args.no_index,
+                                            batch_size=args.batch_size)
+        print_json({"data": str(args.data), **result})
+        return 0
+    result = evaluate_popularity_temporal(data, temporal, repeats=args.repeats, ks=ks, batch_size=args.batch_size)
+    print_json({"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items,
+                "protocol": temporal.record(), **result})
     return 0

@@ -10,6 +10,7 @@ from typing import Any
 
 from common.folders import refuse_seqrec_folder
 from offline.cli.common import SEED, Subparsers, at_least, print_json
+from offline.cli.temporal import add_loo_only_protocol, refuse_temporal_protocol
 
 
 def add_tune_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def add_tune_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--fix", action="append", default=[], metavar="PARAM=VALUE",
                    help="pin a searched parameter (repeatable), e.g. --fix d_model=64 --fix schedule=wsd")
     p.add_argument("--threads", type=int, default=None, help="shorthand for --train.threads (CPU)")
+    add_loo_only_protocol(p, "tune")
     p.set_defaults(handler=_tune, overrides=True)
 
 
@@ -44,6 +46,7 @@ def _tune(args: argparse.Namespace) -> int:
     from offline.tune.study import TuneOptions, tune
     from retriever.config import apply_overrides, read_yaml
 
+    refuse_temporal_protocol(args, "tune")
     options = TuneOptions(trials=args.trials, budget_minutes=args.budget_minutes, clock=args.clock, seed=args.seed,
                           storage=args.storage, fixed=_pins(args.fix))
     options.check()

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +33,8 @@ from offline.data.split import MIN_LENGTH, leave_one_out, repeat_shares
 MAX_ID_CHARS = 256  # the longest user or item id a request to the service may carry (service/http/schemas.py)
 
 log = logging.getLogger(__name__)
+# (time-ordered sequences, whether they have timestamps) -> a record for the manifest, or a refusal
+SplitCheck = Callable[[Sequences, bool], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,12 @@ class Encoded:
 
 def prepare(
     raw: RawDataset, out: str | Path, filters: Filters | None = None, *, overwrite: bool = False,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None, check_split: SplitCheck | None = None,
 ) -> dict[str, Any]:
-    """Write the prepared folder for ``raw`` to ``out`` atomically; return its manifest."""
+    """Write the prepared folder for ``raw`` to ``out`` atomically; return its manifest.
+
+    check_split: called with the time-ordered sequences and whether they have timestamps before anything is
+    written (`--protocol temporal` refuses data it cannot cut there); what it returns goes into the manifest."""
     filters = filters or Filters()
     out = Path(out)
     if out.exists() and not overwrite:
@@ -95,8 +101,17 @@ def prepare(
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **(extra or {}),
     }
+    if check_split is not None:
+        manifest["split"] = check_split(_sequences(encoded), raw.has_timestamps)
     _write_atomically(out, {SEQUENCES: sequences, ITEMS: items, USERS: users}, manifest)
     return manifest
+
+
+def _sequences(data: Encoded) -> Sequences:
+    """The encoded interactions as CSR sequences (item codes + 1: internal ids), with their times."""
+    _, starts = np.unique(data.users, return_index=True)
+    offsets = np.append(starts, len(data.users)).astype(np.int64)
+    return Sequences(offsets, data.items.astype(np.int64) + 1, np.asarray(data.times))
 
 
 def _repeat_shares(data: Encoded) -> dict[str, float]:
@@ -261,7 +276,8 @@ def _write_atomically(out: Path, tables: dict[str, pa.Table | None], manifest: d
 
 
 def prepare_dataset(dataset: str, out: str | Path, options: Any, filters: Filters | None = None, *,
-                    download: bool = False, cache_dir: Path | None = None, overwrite: bool = False) -> dict[str, Any]:
+                    download: bool = False, cache_dir: Path | None = None, overwrite: bool = False,
+                    check_split: SplitCheck | None = None) -> dict[str, Any]:
     """`seqrec prepare` as a function: read ``dataset`` (``options``: a ``ReaderOptions``; with
     ``download``, fetch MovieLens from GroupLens into ``cache_dir`` or $SEQREC_CACHE first), then
     ``prepare`` it into ``out``."""
@@ -281,4 +297,4 @@ def prepare_dataset(dataset: str, out: str | Path, options: Any, filters: Filter
     log.info("reading %s from %s", dataset, options.path or "built-in generator")
     raw = read_dataset(dataset, options)
     extra = {"dataset": dataset, "synthetic_config": options.synthetic} if dataset == "synthetic" else None
-    return prepare(raw, out, filters, overwrite=overwrite, extra=extra)
+    return prepare(raw, out, filters, overwrite=overwrite, extra=extra, check_split=check_split)

@@ -17,6 +17,7 @@ import torch
 from offline.data.features import with_item_features
 from offline.data.prepared import PreparedDataset, dataset_fingerprint
 from offline.evaluation.retriever import dense_metrics, evaluation_sample
+from offline.jobs.temporal import TemporalProtocol, protocol_repeat_shares, protocol_split, temporal_final, trained_on
 from offline.jobs.warm_start import warm_start_init
 from retriever.artifact import RetrieverManifest, write_artifact
 from retriever.config import ConfigError, RunConfig
@@ -34,16 +35,19 @@ RUN_DATA = "data.json"  # beside the checkpoints in OUT/run/
 
 def train_retriever(
     config: RunConfig, data: PreparedDataset, out: Path, *, resume: bool = False, index_spec: IndexSpec | None = None,
-    dist: Distributed | None = None, init_from: Path | None = None,
+    dist: Distributed | None = None, init_from: Path | None = None, temporal: TemporalProtocol | None = None,
 ) -> RetrieverManifest:
     """Fit, evaluate on valid and test, write the artifact to ``out``; returns its manifest.
 
     init_from: a bundle to warm-start from (`offline.jobs.warm_start`): its item rows by external id.
     dist: this process's place in a torchrun job. All ranks train; rank 0 alone evaluates and
     writes the artifact, then hands every rank its manifest.
+    temporal: train and evaluate under the global temporal split (offline/jobs/temporal.py) instead of leave-one-out.
     """
+    if temporal is not None and dist is not None:
+        raise ConfigError("--protocol temporal trains in one process; drop --distributed (or torchrun)")
     if dist is None:
-        manifest = _train_retriever(config, data, out, resume, index_spec, None, init_from)
+        manifest = _train_retriever(config, data, out, resume, index_spec, None, init_from, temporal)
         assert manifest is not None
         return manifest
     with process_group(dist, resolve_device(config, dist.local_rank)):
@@ -53,14 +57,21 @@ def train_retriever(
     return manifest if manifest is not None else RetrieverManifest.model_validate_json(text)
 
 
-def _run_data(run_dir: Path, data: PreparedDataset, resume: bool) -> dict[str, str]:
+def _run_data(run_dir: Path, data: PreparedDataset, resume: bool,
+              temporal: TemporalProtocol | None = None) -> dict[str, str]:
     """RUN/data.json, for `fit` to write beside its checkpoints: the prepared data a training runs on (its files'
     checksums and sizes). --resume on other data is refused here: it continued silently, a checkpoint of another
     dataset with the same catalogue size trained on, and the bundle was published as a model of the new data."""
     path = run_dir / RUN_DATA
-    trained_on = {"sha256": data.manifest.get("sha256", {}), "users": data.n_users, "items": data.n_items}
+    trained_on = {"sha256": data.manifest.get("sha256", {}), "users": data.n_users, "items": data.n_items,
+                  **({} if temporal is None else {"protocol": temporal.record()})}
     if resume and path.exists():
         stored = json.loads(path.read_text())
+        if stored.get("protocol") != trained_on.get("protocol"):
+            raise ConfigError(f"{run_dir}: its checkpoint was trained under "
+                              f"{stored.get('protocol') or 'leave-one-out'}, not under "
+                              f"{trained_on.get('protocol') or 'leave-one-out'}; resume with its --protocol flags, "
+                              "or choose a new --out")
         if stored != trained_on:
             raise ConfigError(f"{run_dir}: its checkpoint was trained on other data ({stored.get('users')} users, "
                               f"{stored.get('items')} items; {data.path} has {data.n_users} and {data.n_items}, or "
@@ -70,14 +81,15 @@ def _run_data(run_dir: Path, data: PreparedDataset, resume: bool) -> dict[str, s
 
 def _train_retriever(
     config: RunConfig, data: PreparedDataset, out: Path, resume: bool, index_spec: IndexSpec | None,
-    dist: Distributed | None, init_from: Path | None = None,
+    dist: Distributed | None, init_from: Path | None = None, temporal: TemporalProtocol | None = None,
 ) -> RetrieverManifest | None:
     """The manifest of the artifact written to ``out``; None on ranks other than 0, which write nothing."""
     config, features = with_item_features(config, data)
-    split = data.split()
+    split = protocol_split(data, temporal)
     max_len = config.max_len(data.n_items)
     eval_batch = config.train.eval_batch_size
-    repeats = resolve_repeats(config.train.repeats, data.repeat_shares["valid"])
+    shares = protocol_repeat_shares(data, split)
+    repeats = resolve_repeats(config.train.repeats, shares["valid"])
     exclude_seen = repeats == "exclude"
     # Model selection and the reported metrics use the same users: all of them, or a fixed sample.
     evaluated = evaluation_sample(split, config.train.eval_users, config.train.seed)
@@ -87,14 +99,20 @@ def _train_retriever(
                              exclude_seen=exclude_seen)["valid"]
 
     init = None if init_from is None else warm_start_init(init_from, config, data)
-    run_files = _run_data(out / "run", data, resume) if dist is None or dist.is_main else {}
+    run_files = _run_data(out / "run", data, resume, temporal) if dist is None or dist.is_main else {}
     result = fit(config, split.train.offsets, split.train.items, data.n_items, validate, out / "run", resume=resume,
                  item_features=features, dist=dist, init=init,
                  run_files=run_files)
     if dist is not None and not dist.is_main:
         return None
-    metrics = dense_metrics(result.model, evaluated, data.n_items, max_len, batch_size=eval_batch,
-                            exclude_seen=exclude_seen)
+    if temporal is None:
+        metrics, protocol, model, refitted = dense_metrics(result.model, evaluated, data.n_items, max_len,
+                                                           batch_size=eval_batch, exclude_seen=exclude_seen), {}, \
+            result.model, None
+    else:
+        metrics, protocol, model, refitted = temporal_final(
+            temporal, config, split, evaluated, result, data.n_items, out / "run-refit", max_len=max_len,
+            exclude_seen=exclude_seen, batch_size=eval_batch, resume=resume, item_features=features, init=init)
     training = {
         "evaluated_users": len(evaluated.full),
         "best_epoch": result.best_epoch,
@@ -104,13 +122,16 @@ def _train_retriever(
         "sequences_per_second": result.sequences_per_second,
         "host": host_numerics(),
         **({} if init_from is None else {"warm_start_from": str(init_from)}),
+        **({} if refitted is None else {"refit_epochs": len(refitted.history), "refit_seconds":
+                                        round(refitted.seconds, 1)}),
     }
     manifest = write_artifact(
-        out, result.model.cpu(), config, np.asarray(data.item_ids[1:], dtype=str), metrics=metrics,
+        out, model.cpu(), config, np.asarray(data.item_ids[1:], dtype=str), metrics=metrics,
         dataset=dataset_fingerprint(data), index_spec=index_spec, history=result.history,
-        extra={"training": training, "repeats": repeats, "repeat_targets": data.repeat_shares},
+        extra={"training": training, "repeats": repeats, "repeat_targets": shares,
+               **({"protocol": protocol} if protocol else {})},
         catalogue=data.path / "items.parquet",
-        popularity=np.bincount(split.train.items, minlength=data.n_items + 1)[: data.n_items + 1],
+        popularity=np.bincount(trained_on(split, refitted).items, minlength=data.n_items + 1)[: data.n_items + 1],
     )
     log.info("best epoch %d: valid NDCG@10 %.4f, test NDCG@10 %.4f (repeats: %s)", result.best_epoch,
              metrics["valid"]["NDCG@10"], metrics["test"]["NDCG@10"], repeats)
