@@ -1,0 +1,89 @@
+"""A backtest's steps as OUT/backtest.json, a markdown table (OUT/backtest.md) and a plot (OUT/backtest.png)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from common.atomic import write_json
+from offline.tables import markdown_table
+
+log = logging.getLogger(__name__)
+
+HEAD = ("step", "window start", "mode", "train s", "step s", "users", "events", "nightly HR@10", "nightly NDCG@10",
+        "all-day nightly NDCG@10", "live NDCG@10", "live gain", "recall@10", "coverage", "new-item events",
+        "HTTP lists (differ)")
+
+
+def _row(r: dict[str, Any], k: int) -> tuple[Any, ...]:
+    n = f"NDCG@{k}"
+    return (r["step"] + 1, r["start"], r["mode"], f"{r['train_seconds'] or 0:.0f}", f"{r['seconds']['step']:.0f}",
+            r["users"], r["events"], f"{r['nightly'][f'HR@{k}']:.4f}", f"{r['nightly'][n]:.4f}",
+            f"{r['nightly_all'][n]:.4f}", f"{r['live'][n]:.4f}", f"{r['live_gain'][n]:+.4f}",
+            f"{r[f'recall@{k}']:.4f}", f"{r['coverage']['nightly']:.3f}", f"{r['new_items']['event_share']:.3f}",
+            f"{r['http']['lists']} ({r['http']['differ']})")
+
+
+def warm_against_scratch(records: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Per step where both ran: warm's nightly NDCG@k and training seconds as ratios of scratch's (step 1 excluded
+    when warm served scratch's own first bundle)."""
+    by = {(r["step"], r["mode"]): r for r in records}
+    out = []
+    for (step, mode), warm in sorted(by.items()):
+        scratch = by.get((step, "scratch"))
+        if mode != "warm" or scratch is None or not str(warm.get("trained", "")).startswith("warm"):
+            continue
+        n = f"NDCG@{k}"
+        out.append({"step": step, "ndcg_ratio": warm["nightly"][n] / scratch["nightly"][n] if scratch["nightly"][n] else None,
+                    "live_ndcg_ratio": warm["live"][n] / scratch["live"][n] if scratch["live"][n] else None,
+                    "time_ratio": (warm["train_seconds"] or 0) / scratch["train_seconds"] if scratch["train_seconds"]
+                    else None})
+    return out
+
+
+def write_report(records: list[dict[str, Any]], out: Path, plan: dict[str, Any], notes: list[str]) -> str:
+    k = int(plan.get("k", 10))
+    records = sorted(records, key=lambda r: (r["step"], r["mode"]))
+    ratios = warm_against_scratch(records, k)
+    write_json(out / "backtest.json", {"plan": plan, "notes": notes, "steps": records, "warm_vs_scratch": ratios})
+    lines = ["# Backtest", "", *(f"- {note}" for note in notes), "",
+             markdown_table(HEAD, [_row(r, k) for r in records])]
+    if ratios:
+        lines += ["", "Warm start against scratch (warm / scratch):", "",
+                  markdown_table(("step", f"nightly NDCG@{k}", f"live NDCG@{k}", "training seconds"),
+                                 [(r["step"] + 1, _ratio(r["ndcg_ratio"]), _ratio(r["live_ndcg_ratio"]),
+                                   _ratio(r["time_ratio"])) for r in ratios])]
+    text = "\n".join(lines) + "\n"
+    (out / "backtest.md").write_text(text)
+    _plot(records, out / "backtest.png", k)
+    return text
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _plot(records: list[dict[str, Any]], path: Path, k: int) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no plot (%s); the table and the JSON hold every figure", path)
+        return
+    fig, (quality, cost) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode in sorted({r["mode"] for r in records}):
+        rows = [r for r in records if r["mode"] == mode]
+        steps = [r["step"] + 1 for r in rows]
+        quality.plot(steps, [r["nightly"][f"NDCG@{k}"] for r in rows], marker="o", label=f"{mode}: nightly")
+        quality.plot(steps, [r["live"][f"NDCG@{k}"] for r in rows], marker="s", linestyle="--", label=f"{mode}: live")
+        cost.plot(steps, [r["train_seconds"] or 0 for r in rows], marker="o", label=mode)
+    quality.set(xlabel="step", ylabel=f"NDCG@{k} of the next item", title="next-window quality")
+    cost.set(xlabel="step", ylabel="training seconds", title="training cost")
+    quality.legend(fontsize=8)
+    cost.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
