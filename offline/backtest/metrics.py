@@ -37,13 +37,13 @@ def step_figures(replayed: Replayed, known_before: set[str], catalogue_size: int
     users = replayed.users
     next_ranks = [_rank(served, u.during[0].item, k) for u, served in zip(users, replayed.nightly, strict=True)]
     all_nightly, all_live, new_hits, new_events = [], [], 0, 0
-    for u, nightly, lives in zip(users, replayed.nightly, replayed.live, strict=True):
-        for e, live in zip(u.during, lives, strict=True):
-            all_nightly.append(_rank(nightly, e.item, k))
-            all_live.append(_rank(live, e.item, k))
+    for u, standing, lives in zip(users, replayed.nightly, replayed.live, strict=True):
+        for e, current in zip(u.during, lives, strict=True):
+            all_nightly.append(_rank(standing, e.item, k))
+            all_live.append(_rank(current, e.item, k))
             if e.item not in known_before:
                 new_events += 1
-                new_hits += int(e.item in live)
+                new_hits += int(e.item in current)
     recall = [len(set(served) & {e.item for e in u.during}) / len({e.item for e in u.during})
               for u, served in zip(users, replayed.nightly, strict=True)]
     nightly_items = {i for served in replayed.nightly for i in served}

@@ -16,7 +16,7 @@ in advance and go through ``recommend_batch`` in batches, as the service's engin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,7 +107,7 @@ def _live_query(bundle: Bundle, arrived: Sequence[Event], k: int, at: float) -> 
     return query, {*history, *seen}
 
 
-def _answer(bundle: Bundle, planned: list[tuple[Query | None, set[int] | list[int]]], k: int) -> list[list[str]]:
+def _answer(bundle: Bundle, planned: Sequence[tuple[Query | None, Collection[int]]], k: int) -> list[list[str]]:
     """Each query's top k as external ids; a None query gets the popularity answer, as the service gives it."""
     queries = [q for q, _ in planned if q is not None]
     results = []

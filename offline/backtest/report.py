@@ -35,11 +35,14 @@ def warm_against_scratch(records: list[dict[str, Any]], k: int) -> list[dict[str
         if mode != "warm" or scratch is None or not str(warm.get("trained", "")).startswith("warm"):
             continue
         n = f"NDCG@{k}"
-        out.append({"step": step, "ndcg_ratio": warm["nightly"][n] / scratch["nightly"][n] if scratch["nightly"][n] else None,
-                    "live_ndcg_ratio": warm["live"][n] / scratch["live"][n] if scratch["live"][n] else None,
-                    "time_ratio": (warm["train_seconds"] or 0) / scratch["train_seconds"] if scratch["train_seconds"]
-                    else None})
+        out.append({"step": step, "ndcg_ratio": _over(warm["nightly"][n], scratch["nightly"][n]),
+                    "live_ndcg_ratio": _over(warm["live"][n], scratch["live"][n]),
+                    "time_ratio": _over(warm["train_seconds"] or 0.0, scratch["train_seconds"] or 0.0)})
     return out
+
+
+def _over(a: float, b: float) -> float | None:
+    return a / b if b else None
 
 
 def write_report(records: list[dict[str, Any]], out: Path, plan: dict[str, Any], notes: list[str]) -> str:

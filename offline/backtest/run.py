@@ -141,7 +141,8 @@ def _step(plan: Plan, config: PipelineConfig, timeline: Timeline, i: int, window
                                threads=threads, keep=plan.steps + 1)
         bundle_path = Path(summary.path)
         train_info = {"train_seconds": summary.seconds.get("train"), "pipeline_seconds": sum(summary.seconds.values()),
-                      "valid": summary.evaluation.get("valid"), "trained": "warm" if mode == "warm" and previous else "scratch"}
+                      "valid": summary.evaluation.get("valid"),
+                      "trained": "warm" if mode == "warm" and previous else "scratch"}
     trained = time.perf_counter()
     bundle = load_served(bundle_path)
     users = user_windows(timeline, t0, t1)

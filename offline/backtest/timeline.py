@@ -111,7 +111,8 @@ def check_plan(timeline: Timeline, start: float, step: float, steps: int) -> lis
     if steps < 1:
         raise SeqrecError(f"--steps must be >= 1, got {steps}")
     if step < timeline.resolution:
-        raise SeqrecError(f"--step of {step:g} s is shorter than the data's clock resolution ({timeline.resolution:g} s)")
+        raise SeqrecError(f"--step of {step:g} s is shorter than the data's clock resolution "
+                          f"({timeline.resolution:g} s)")
     if not first < start <= last:
         raise SeqrecError(f"--start {iso(start)} is outside the data: its interactions run from {iso(first)} to "
                           f"{iso(last)}, and the first step needs some before it")
