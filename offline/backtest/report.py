@@ -6,6 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from common.atomic import write_json
 from offline.tables import markdown_table
 
@@ -41,6 +43,28 @@ def warm_against_scratch(records: list[dict[str, Any]], k: int) -> list[dict[str
     return out
 
 
+def summary(records: list[dict[str, Any]], ratios: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    """Per mode, the means over steps; the warm-start target per step (NDCG@k >= 0.98 x scratch's at <= 30 % of its
+    training seconds); the HTTP lists compared and differing over every step."""
+    n = f"NDCG@{k}"
+    modes: dict[str, Any] = {}
+    for mode in sorted({r["mode"] for r in records}):
+        rows = [r for r in records if r["mode"] == mode]
+        modes[mode] = {"steps": len(rows),
+                       **{f"mean_{part}_{n}": float(np.mean([r[part][n] for r in rows]))
+                          for part in ("nightly", "nightly_all", "live")},
+                       f"mean_live_gain_{n}": float(np.mean([r["live_gain"][n] for r in rows])),
+                       "steps_live_ahead": sum(r["live_gain"][n] > 0 for r in rows),
+                       "mean_train_seconds": float(np.mean([r["train_seconds"] or 0.0 for r in rows])),
+                       "mean_step_seconds": float(np.mean([r["seconds"]["step"] for r in rows])),
+                       "max_step_seconds": float(max(r["seconds"]["step"] for r in rows))}
+    met = [r for r in ratios if r["ndcg_ratio"] is not None and r["time_ratio"] is not None
+           and r["ndcg_ratio"] >= 0.98 and r["time_ratio"] <= 0.30]
+    return {"modes": modes, "warm_target_met": f"{len(met)} of {len(ratios)} steps",
+            "http": {"lists": sum(r["http"]["lists"] for r in records),
+                     "differ": sum(r["http"]["differ"] for r in records)}}
+
+
 def _over(a: float, b: float) -> float | None:
     return a / b if b else None
 
@@ -49,14 +73,29 @@ def write_report(records: list[dict[str, Any]], out: Path, plan: dict[str, Any],
     k = int(plan.get("k", 10))
     records = sorted(records, key=lambda r: (r["step"], r["mode"]))
     ratios = warm_against_scratch(records, k)
-    write_json(out / "backtest.json", {"plan": plan, "notes": notes, "steps": records, "warm_vs_scratch": ratios})
+    totals = summary(records, ratios, k)
+    write_json(out / "backtest.json", {"plan": plan, "notes": notes, "summary": totals, "steps": records,
+                                       "warm_vs_scratch": ratios})
     lines = ["# Backtest", "", *(f"- {note}" for note in notes), "",
              markdown_table(HEAD, [_row(r, k) for r in records])]
     if ratios:
         lines += ["", "Warm start against scratch (warm / scratch):", "",
                   markdown_table(("step", f"nightly NDCG@{k}", f"live NDCG@{k}", "training seconds"),
                                  [(r["step"] + 1, _ratio(r["ndcg_ratio"]), _ratio(r["live_ndcg_ratio"]),
-                                   _ratio(r["time_ratio"])) for r in ratios])]
+                                   _ratio(r["time_ratio"])) for r in ratios]),
+                  "", f"Warm-start target (NDCG@{k} >= 0.98 x scratch at <= 30 % of its training seconds): met on "
+                  f"{totals['warm_target_met']}."]
+    lines += ["", markdown_table(("mode", f"mean nightly NDCG@{k}", f"mean all-day nightly NDCG@{k}",
+                                  f"mean live NDCG@{k}", "mean live gain", "steps live ahead", "mean train s",
+                                  "mean step s", "max step s"),
+                                 [(mode, *(f"{m[key]:.4f}" for key in (f"mean_nightly_NDCG@{k}",
+                                                                        f"mean_nightly_all_NDCG@{k}",
+                                                                        f"mean_live_NDCG@{k}",
+                                                                        f"mean_live_gain_NDCG@{k}")),
+                                   f"{m['steps_live_ahead']} of {m['steps']}", f"{m['mean_train_seconds']:.0f}",
+                                   f"{m['mean_step_seconds']:.0f}", f"{m['max_step_seconds']:.0f}")
+                                  for mode, m in totals["modes"].items()]),
+              "", f"HTTP parity: {totals['http']['differ']} of {totals['http']['lists']} sampled lists differ."]
     text = "\n".join(lines) + "\n"
     (out / "backtest.md").write_text(text)
     _plot(records, out / "backtest.png", k)
