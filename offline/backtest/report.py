@@ -123,10 +123,11 @@ def _plot(records: list[dict[str, Any]], path: Path, k: int) -> None:
     for mode in sorted({r["mode"] for r in records}):
         rows = [r for r in records if r["mode"] == mode]
         steps = [r["step"] + 1 for r in rows]
-        quality.plot(steps, [r["nightly"][f"NDCG@{k}"] for r in rows], marker="o", label=f"{mode}: nightly")
+        quality.plot(steps, [r["nightly_all"][f"NDCG@{k}"] for r in rows], marker="o", label=f"{mode}: nightly")
         quality.plot(steps, [r["live"][f"NDCG@{k}"] for r in rows], marker="s", linestyle="--", label=f"{mode}: live")
         cost.plot(steps, [r["train_seconds"] or 0 for r in rows], marker="o", label=mode)
-    quality.set(xlabel="step", ylabel=f"NDCG@{k} of the next item", title="next-window quality")
+    quality.set(xlabel="step", ylabel=f"NDCG@{k}, every window event",
+                title="the list before each event: nightly or live")
     cost.set(xlabel="step", ylabel="training seconds", title="training cost")
     quality.legend(fontsize=8)
     cost.legend(fontsize=8)
