@@ -4,11 +4,14 @@ popularity moving, users coming and going, a sequential signal; deterministic pe
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from offline.cli.seqrec import main
+from offline.data.prepared import load_prepared
 from offline.data.readers.base import ITEM, TIME, USER, RawDataset
 from offline.data.readers.drift import DAY
 from offline.data.readers.synthetic import SyntheticConfig, generate
@@ -106,3 +109,11 @@ def test_without_days_the_generator_is_unchanged() -> None:
 def test_bad_drift_options_are_refused(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(")", r"\)")):
         SyntheticConfig(**options)
+
+
+def test_seqrec_prepare_takes_days(tmp_path: Path) -> None:
+    assert main(["prepare", "--dataset", "synthetic", "--n-users", "100", "--n-items", "40", "--days", "5",
+                 "--out", str(tmp_path / "data")]) == 0
+    times = load_prepared(tmp_path / "data").sequences.timestamps
+    assert times is not None
+    assert 4 * DAY < times.max() - times.min() < 5 * DAY
