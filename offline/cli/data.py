@@ -38,6 +38,7 @@ def add_prepare_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None
     s.add_argument("--n-items", type=int)
     s.add_argument("--mean-length", type=float)
     s.add_argument("--seed", type=SEED)
+    s.add_argument("--days", type=int, help="a clock with drift over this many days (docs/backtest.md); 0: none")
     add_protocol_arguments(p, refit=False)
     p.set_defaults(handler=_prepare)
 
@@ -49,7 +50,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
     synthetic = {
         name: getattr(args, name)
-        for name in ("n_users", "n_items", "mean_length", "seed")
+        for name in ("n_users", "n_items", "mean_length", "seed", "days")
         if getattr(args, name) is not None
     }
     flags = {option.name: getattr(args, option.name) for option in READER_OPTIONS}

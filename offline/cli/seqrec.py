@@ -20,6 +20,7 @@ from typing import TypeGuard
 from common import seqrec_version
 from common.errors import SeqrecError
 from offline.cli.analyze import add_analyze_parser
+from offline.cli.backtest import add_backtest_parser
 from offline.cli.common import Handler, Subparsers, common_parser, configure_logging
 from offline.cli.data import add_prepare_parser
 from offline.cli.pipeline import add_demo_parser, add_pipeline_parser, add_rollback_parser
@@ -41,7 +42,7 @@ def _add_bench(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 COMMANDS: tuple[Callable[[Subparsers, argparse.ArgumentParser], None], ...] = (
     add_prepare_parser, add_train_parser, add_tune_parser, add_export_parser, add_evaluate_parser, add_mine_parser,
     add_train_ranker_parser, add_pipeline_parser, add_rollback_parser, add_demo_parser, add_serve_parser,
-    add_recommend_parser, _add_bench,
+    add_recommend_parser, add_backtest_parser, _add_bench,
     add_analyze_parser,
 )
 

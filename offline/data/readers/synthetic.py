@@ -63,6 +63,10 @@ class SyntheticConfig:
     tie_probability: float = 0.05  # an interaction shares its predecessor's timestamp
     secondary_genre_probability: float = 0.3  # an item also lists a second genre
     seed: int = 0
+    # A clock that moves (offline/data/readers/drift.py, docs/backtest.md): 0 keeps the generator above unchanged
+    days: int = 0  # > 0: timestamps over this many days, items arriving, popularity shifting, users coming and going
+    new_item_share: float = 0.5  # with days: the share of items that arrive after day 0
+    popularity_half_life: float = 7.0  # with days: an item's popularity halves every this many days after arrival
 
     def __post_init__(self) -> None:
         _check(self.n_users >= 1, f"n_users must be >= 1, got {self.n_users}")
@@ -87,6 +91,9 @@ class SyntheticConfig:
         for name in ("p_next", "p_cluster", "tie_probability", "secondary_genre_probability"):
             value = getattr(self, name)
             _check(0.0 <= value <= 1.0, f"{name} must be in [0, 1], got {value}")
+        _check(self.days >= 0, f"days must be >= 0, got {self.days}")
+        _check(0.0 <= self.new_item_share < 1.0, f"new_item_share must be in [0, 1), got {self.new_item_share}")
+        _check(self.popularity_half_life > 0, f"popularity_half_life must be > 0, got {self.popularity_half_life}")
         _check(
             self.p_next + self.p_cluster <= 1.0,
             f"p_next + p_cluster must be <= 1, got {self.p_next} + {self.p_cluster}",
@@ -255,11 +262,16 @@ def generate(config: SyntheticConfig) -> RawDataset:
     )
     catalog = _catalog(config, catalog_rng)
     lengths = _lengths(config, length_rng)
-    items, times = _walk(config, catalog, lengths, walk_rng)
+    if config.days > 0:
+        from offline.data.readers.drift import walk_with_drift
+
+        prefs = _preferred_clusters(config, catalog.cluster_mass(), walk_rng)
+        items, times, users = walk_with_drift(config, catalog, lengths, prefs, _START_TIME, walk_rng)
+    else:
+        items, times = _walk(config, catalog, lengths, walk_rng)
+        users = np.repeat(np.arange(config.n_users), lengths)
     # Taking from one string per user/item is ~4x faster than formatting every row.
-    user_ids = _numbered("u", np.arange(1, config.n_users + 1)).take(
-        pa.array(np.repeat(np.arange(config.n_users), lengths))
-    )
+    user_ids = _numbered("u", np.arange(1, config.n_users + 1)).take(pa.array(users))
     item_ids = _numbered("i", catalog.external).take(pa.array(items))
     interactions = pa.table({USER: user_ids, ITEM: item_ids, TIME: pa.array(times, pa.int64())})
     return RawDataset(
