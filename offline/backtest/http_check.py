@@ -15,17 +15,20 @@ from typing import Any
 
 import httpx
 
+from common.errors import SeqrecError
 from offline.backtest.replay import Event, Replayed, UserWindow
 from offline.bench.lib.processes import SERVICE_APP, start_server
 
 log = logging.getLogger(__name__)
 
 EVENTS_PER_REQUEST = 1000  # service.http.schemas.MAX_EVENTS
+MAX_HISTORY = 10_000  # service.http.schemas.MAX_HISTORY: items per request
 
 
 def sample_users(replayed: Replayed, n: int, seed: int) -> list[int]:
-    """``n`` users of the window (all when fewer), the same ones for the same seed."""
-    rows = list(range(len(replayed.users)))
+    """``n`` users of the window (all when fewer), the same ones for the same seed; only users whose history
+    before the step fits one request (`MAX_HISTORY` items)."""
+    rows = [r for r, u in enumerate(replayed.users) if len(u.before) <= MAX_HISTORY]
     return sorted(random.Random(seed).sample(rows, min(n, len(rows))))
 
 
@@ -59,6 +62,8 @@ def _check_user(client: httpx.Client, u: UserWindow, nightly: list[str], live: l
 def check_over_http(bundle: Path, replayed: Replayed, rows: list[int], t0: float, *, k: int = 10,
                     ready_timeout_s: float = 120.0) -> dict[str, Any]:
     """Serve ``bundle`` and compare the sampled users' lists; returns counts and the first users that differ."""
+    if not rows:
+        return {"users": 0, "lists": 0, "differ": 0, "differing_users": []}
     env = {"SEQREC_ARTIFACTS": str(bundle.resolve()), "SEQREC_THREADS": "1", "SEQREC_REDIS_URL": "",
            "SEQREC_API_KEY": ""}
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -68,7 +73,10 @@ def check_over_http(bundle: Path, replayed: Replayed, rows: list[int], t0: float
             httpx.Client(base_url=url, timeout=60.0, trust_env=False) as client:
         for row in rows:
             u = replayed.users[row]
-            n, bad = _check_user(client, u, replayed.nightly[row], replayed.live[row], k, t0)
+            try:
+                n, bad = _check_user(client, u, replayed.nightly[row], replayed.live[row], k, t0)
+            except httpx.HTTPError as err:  # a refused request or a server gone: the check cannot be made
+                raise SeqrecError(f"HTTP parity check of user {u.user!r} against {url}: {err}") from None
             compared, differ = compared + n, differ + bad
             if bad:
                 differing.append(u.user)

@@ -75,3 +75,11 @@ def test_the_stored_window_skips_a_repeated_item_at_the_same_time_and_keeps_the_
     events = [Event("a", 1.0), Event("b", 2.0), Event("a", 2.0), Event("b", 2.0), Event("a", 3.0)]
     assert stored_window(events, 10) == [Event("a", 1.0), Event("b", 2.0), Event("a", 2.0), Event("a", 3.0)]
     assert stored_window(events, 2) == [Event("a", 2.0), Event("a", 3.0)]
+
+
+def test_the_http_check_keeps_to_the_service_request_limits() -> None:
+    from offline.backtest import http_check
+    from service.http import schemas
+
+    assert http_check.EVENTS_PER_REQUEST == schemas.MAX_EVENTS
+    assert http_check.MAX_HISTORY == schemas.MAX_HISTORY
