@@ -12,8 +12,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-FULL_SOFTMAX_ITEMS = {"cpu": 20_000, "cuda": 200_000}  # a (positions x items) logit matrix per step that fits
+# Full softmax scores every item at every training position: an epoch costs interactions x items logits. Above
+# this many, the in-batch softmax with logQ (the cost of a batch's distinct targets) replaces it.
+FULL_SOFTMAX_LOGITS = {"cpu": 3e9, "cuda": 1e11}
 MAX_LEN_CAP = {"cpu": 100, "cuda": 200}  # attention costs O(max_len) per position: shorter windows on a CPU
+ATTENTION_BUDGET = {"cpu": 3e7, "cuda": 1e9}  # interactions x max_len per epoch: long windows only on small data
 MIN_EPOCHS = 20
 MAX_EPOCHS = 200
 
@@ -58,10 +61,14 @@ class Sized:
 
 
 def max_len(shape: DataShape, device: Device) -> Sized:
-    """The 95th percentile of training lengths, rounded up to a multiple of 10, in [20, the device's cap]."""
+    """The 95th percentile of training lengths, rounded up to a multiple of 10, in [20, cap]: the cap is the
+    device's, lowered so that interactions x max_len stays in the device's attention budget."""
     q95 = shape.length_quantiles["q95"]
-    value = int(min(MAX_LEN_CAP[device.kind], max(20, 10 * math.ceil(q95 / 10))))
-    return Sized(value, f"q95 of training lengths {q95:.0f} -> multiple of 10 in [20, {MAX_LEN_CAP[device.kind]}]")
+    by_cost = 10 * int(ATTENTION_BUDGET[device.kind] / max(1, shape.interactions) / 10)
+    cap = max(20, min(MAX_LEN_CAP[device.kind], by_cost))
+    value = int(min(cap, max(20, 10 * math.ceil(q95 / 10))))
+    return Sized(value, f"q95 of training lengths {q95:.0f} -> multiple of 10 in [20, {cap}] "
+                        f"({shape.interactions} interactions x max_len <= {ATTENTION_BUDGET[device.kind]:.0e})")
 
 
 def d_model(shape: DataShape, device: Device) -> Sized:
@@ -89,10 +96,11 @@ def dropout(shape: DataShape) -> Sized:
 
 
 def loss(shape: DataShape, device: Device) -> dict[str, Sized]:
-    limit = FULL_SOFTMAX_ITEMS[device.kind]
-    if shape.items <= limit:
-        return {"loss.name": Sized("full", f"{shape.items} items <= {limit}: full softmax fits")}
-    why = f"{shape.items} items > {limit}: in-batch softmax with logQ and uniform negatives"
+    limit, logits = FULL_SOFTMAX_LOGITS[device.kind], float(shape.interactions) * shape.items
+    size = f"{shape.interactions} interactions x {shape.items} items = {logits:.1e} logits an epoch"
+    if logits <= limit:
+        return {"loss.name": Sized("full", f"{size} <= {limit:.0e}: full softmax")}
+    why = f"{size} > {limit:.0e}: in-batch softmax with logQ and uniform negatives"
     return {"loss.name": Sized("infonce", why), "loss.logq": Sized(True, why), "loss.n_uniform": Sized(256, why)}
 
 
