@@ -18,6 +18,7 @@ FULL_SOFTMAX_LOGITS = {"cpu": 3e9, "cuda": 1e11}
 MAX_LEN_CAP = {"cpu": 100, "cuda": 200}  # attention costs O(max_len) per position: shorter windows on a CPU
 ATTENTION_BUDGET = {"cpu": 3e7, "cuda": 1e9}  # interactions x max_len per epoch: long windows only on small data
 MIN_EPOCHS = 20
+MIN_STEPS = 50  # optimiser steps an epoch
 MAX_EPOCHS = 200
 
 
@@ -104,11 +105,22 @@ def loss(shape: DataShape, device: Device) -> dict[str, Sized]:
     return {"loss.name": Sized("infonce", why), "loss.logq": Sized(True, why), "loss.n_uniform": Sized(256, why)}
 
 
-def schedule(shape: DataShape, device: Device) -> dict[str, Sized]:
+def batch_size(shape: DataShape, device: Device, window: int) -> tuple[int, str]:
+    """The largest power of two up to the device's (128 CPU, 256 GPU), at least 32, that leaves an epoch of the
+    training windows (about users + interactions / max_len) MIN_STEPS optimiser steps: small data gets small
+    batches rather than a dozen steps an epoch."""
+    windows = shape.users + shape.interactions / window
+    batch = largest = 256 if device.kind == "cuda" else 128
+    while batch > 32 and windows / batch < MIN_STEPS:
+        batch //= 2
+    return batch, f"about {windows:.0f} training windows: >= {MIN_STEPS} steps an epoch, in [32, {largest}]"
+
+
+def schedule(shape: DataShape, device: Device, window: int) -> dict[str, Sized]:
     """wsd: the lr decays once validation plateaus and training ends with the decay (or by patience); the epoch
     cap shrinks as sqrt(interactions), so a run without a budget takes time about proportional to the data."""
     epochs = int(min(MAX_EPOCHS, max(MIN_EPOCHS, round(MAX_EPOCHS * math.sqrt(100_000 / max(1, shape.interactions))))))
-    batch = 256 if device.kind == "cuda" else 128
+    batch, why = batch_size(shape, device, window)
     return {
         "train.schedule": Sized("wsd", "decay on a validation plateau, stop after it"),
         "train.decay_patience": Sized(3, "validations without a gain before the decay"),
@@ -116,8 +128,8 @@ def schedule(shape: DataShape, device: Device) -> dict[str, Sized]:
         "train.epochs": Sized(epochs, f"cap {MAX_EPOCHS} * sqrt(1e5 / {shape.interactions} interactions) "
                               f"in [{MIN_EPOCHS}, {MAX_EPOCHS}]"),
         "train.warmup_steps": Sized(50, "short warmup"),
-        "train.batch_size": Sized(batch, f"sequences per step on {device.kind}"),
-        "train.lr": Sized(0.001 * math.sqrt(batch / 128), "1e-3 at 128 sequences, sqrt-scaled with the batch"),
+        "train.batch_size": Sized(batch, why),
+        "train.lr": Sized(0.001 * math.sqrt(max(1, batch / 128)), "1e-3 up to 128 sequences, sqrt-scaled above"),
     }
 
 
@@ -132,11 +144,11 @@ def item_features(shape: DataShape) -> dict[str, Sized]:
 
 def sized_settings(shape: DataShape, device: Device) -> dict[str, Sized]:
     """Every sized key, dotted as a pipeline config's ``overrides:`` names it."""
-    width = d_model(shape, device)
+    width, window = d_model(shape, device), max_len(shape, device)
     drop = dropout(shape)
     return {
         "model.backbone": Sized("transformer", "the default backbone"),
-        "model.max_len": max_len(shape, device),
+        "model.max_len": window,
         "model.d_model": width,
         "model.n_layers": n_layers(shape, device),
         "model.n_heads": n_heads(width.value),
@@ -144,7 +156,7 @@ def sized_settings(shape: DataShape, device: Device) -> dict[str, Sized]:
         "model.emb_dropout": Sized(drop.value, "as model.dropout"),
         **item_features(shape),
         **loss(shape, device),
-        **schedule(shape, device),
+        **schedule(shape, device, window.value),
     }
 
 

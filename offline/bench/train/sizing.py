@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-epoch", action="store_true", help="train the sized retriever's first epoch only")
     p.add_argument("--json", type=Path, required=True, help="result file")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")  # the plan, the stages
     before = _host()
     with tempfile.TemporaryDirectory(prefix="sizing-bench-") as tmp:
         result = (first_epoch_bench if args.first_epoch else run_pipeline_bench)(args, Path(tmp))
