@@ -78,7 +78,8 @@ def _epochs(bundle: Path) -> dict[str, Any]:
 
 
 def first_epoch_bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Prepare, size, probe, then train the sized retriever for one epoch: its measured seconds."""
+    """Prepare, size, probe, then train the sized retriever for one epoch (none with --sizing-only): its measured
+    seconds."""
     from offline.data.prepare import Filters, prepare_dataset
     from offline.data.prepared import load_prepared
     from offline.data.readers import ReaderOptions
@@ -93,14 +94,29 @@ def first_epoch_bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     data = load_prepared(work / "data")
     values, record = size_values(data_shape(data), device_now(args.threads),
                                  {} if args.threads is None else {"train.threads": args.threads})
+    if args.sizing_only:
+        return {"sizing": record.model_dump(mode="json")}
     probe = probe_costs(load_config_with(None, values), data)
+    variants = {}
+    for variant in args.probe_variant:  # what the rules avoided, probed on the same data
+        changes = _parse_variant(variant)
+        costs = probe_costs(load_config_with(None, {**values, **changes}), data)
+        variants[variant] = {"epoch_seconds": round(costs.epoch_seconds, 1),
+                             "eval_seconds": round(costs.eval_seconds, 1)}
     manifest = train_retriever(load_config_with(None, {**values, "train.epochs": 1}), data, work / "bundle")
     training = manifest.training or {}
     history = [json.loads(line) for line in (work / "bundle" / "history.jsonl").read_text().splitlines() if line]
     return {"sizing": record.model_dump(mode="json"), "probe_epoch_seconds": round(probe.epoch_seconds, 1),
-            "probe_eval_seconds": round(probe.eval_seconds, 1), "first_epoch": history[0] if history else None,
+            "probe_eval_seconds": round(probe.eval_seconds, 1), "probe_variants": variants,
+            "first_epoch": history[0] if history else None,
             "training_seconds_with_validation": training.get("seconds"),
             "valid_ndcg@10_after_one_epoch": manifest.metrics["valid"]["NDCG@10"]}
+
+
+def _parse_variant(text: str) -> dict[str, Any]:
+    """``loss.name=full,model.max_len=100`` -> {"loss.name": "full", "model.max_len": 100}."""
+    pairs = (item.split("=", 1) for item in text.split(","))
+    return {key: yaml.safe_load(value) for key, value in pairs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,12 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--budget-minutes", type=float, default=None)
     p.add_argument("--first-epoch", action="store_true", help="train the sized retriever's first epoch only")
+    p.add_argument("--sizing-only", action="store_true", help="prepare and size only: what the rules choose")
+    p.add_argument("--probe-variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="--first-epoch: also probe the sized config with these changes (repeatable)")
     p.add_argument("--json", type=Path, required=True, help="result file")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")  # the plan, the stages
     before = _host()
     with tempfile.TemporaryDirectory(prefix="sizing-bench-") as tmp:
-        result = (first_epoch_bench if args.first_epoch else run_pipeline_bench)(args, Path(tmp))
+        bench = first_epoch_bench if args.first_epoch or args.sizing_only else run_pipeline_bench
+        result = bench(args, Path(tmp))
     out = {"command": "python -m offline.bench.train.sizing " + " ".join(sys.argv[1:] if argv is None else argv),
            "config": _config(args), "host_before": before, "host_after": _host(), **result}
     args.json.parent.mkdir(parents=True, exist_ok=True)
