@@ -92,5 +92,7 @@ def stage_eta(plan: RunPlan | None, stage: str, elapsed: float) -> str:
     """The progress line's tail: the time so far and, under a budget, the planned time left."""
     if plan is None or plan.budget is None:
         return f"{elapsed:.0f} s so far"
-    total = 60 * plan.budget.budget_minutes
-    return f"{elapsed:.0f} s of {total:.0f} s so far, ETA {max(0.0, total - elapsed):.0f} s ({stage})"
+    total, planned = 60 * plan.budget.budget_minutes, plan.budget.stages
+    share = planned.get(stage, planned["rest"] if stage in ("train-ranker", "evaluate", "publish") else 0.0)
+    return (f"{elapsed:.0f} s of {total:.0f} s so far, this stage planned {share:.0f} s, publish due in "
+            f"{max(0.0, total - elapsed):.0f} s")

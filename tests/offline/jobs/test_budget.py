@@ -116,3 +116,14 @@ def test_a_budget_the_probe_says_is_too_small_exits_2_before_training(tmp_path: 
     assert "give at least" in err
     assert not (tmp_path / "a" / "versions").exists()
     assert not list((tmp_path / "a").glob("work/*/bundle/manifest.json"))  # no retriever trained
+
+
+def test_the_progress_line_gives_the_stage_its_planned_time_and_the_time_to_the_publish() -> None:
+    from offline.jobs.pipeline_plan import RunPlan, stage_eta
+    from offline.jobs.sizing import SizingRecord
+
+    _, budget = plan_budget(10, SIZED, set(), FakeCosts(10.0), retrievers=2, n_users=1000)
+    plan = RunPlan(values={}, sizing=SizingRecord(applied=False), budget=budget)
+    assert stage_eta(plan, "mine", 200.0) == "200 s of 600 s so far, this stage planned 180 s, publish due in 400 s"
+    assert "planned 240 s" in stage_eta(plan, "train-ranker", 390.0)
+    assert stage_eta(None, "train", 3.0) == "3 s so far"
