@@ -126,7 +126,9 @@ def _fit_schedule(values: dict[str, Any], fixed: set[str], fits: int, per_retrie
     if "train.epochs" not in fixed and fits < int(values.get("train.epochs", 200)):
         changed["train.epochs"] = fits
         if "train.schedule" not in fixed and values.get("train.schedule") == "wsd":
-            changed["train.schedule"] = "cosine"  # too few epochs for a plateau: anneal over the ones that fit
+            changed["train.schedule"] = "cosine"  # anneal over the epochs that fit
+            if "train.patience" not in fixed:  # let the anneal run: a noisy early peak stopped it (budget 30)
+                changed["train.patience"] = max(int(values.get("train.patience", 10)), fits // 3)
     return changed
 
 

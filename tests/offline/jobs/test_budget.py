@@ -34,6 +34,9 @@ def test_epochs_shrink_first_and_each_retriever_is_capped_at_its_share() -> None
     assert values["train.budget_minutes"] == pytest.approx(share / 60)
     assert values["train.epochs"] == math.floor(share / 10.0) == plan.epochs_that_fit
     assert values["train.schedule"] == "cosine"  # anneals over the epochs that fit
+    assert values["train.patience"] == 10  # 18 epochs: the loop's default patience already exceeds 18 // 3
+    _, longer = plan_budget(60, SIZED, set(), FakeCosts(10.0), retrievers=2, n_users=1000)
+    assert longer.changed["train.patience"] == 108 // 3
     assert values["model.d_model"] == 64  # the model fits as sized
     assert plan.stages["train"] + plan.stages["mine"] + plan.stages["rest"] == pytest.approx(600)
 
