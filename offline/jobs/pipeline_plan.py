@@ -57,7 +57,8 @@ def plan_run(folder: Path, data_path: Path, config: PipelineConfig, threads: int
     data = load_prepared(data_path)
     given = given_values(config, threads)
     if sizing_applies(config.retriever is not None, config.tune is not None):
-        values, sizing = size_values(data_shape(data), device_now(threads), given)
+        device = device_now(threads, str(given.get("train.device", "auto")))
+        values, sizing = size_values(data_shape(data), device, given)
     else:
         values, sizing = dict(given), SizingRecord(applied=False, given=given)
     for line in sizing_lines(sizing):

@@ -56,10 +56,11 @@ def list_columns(items: pa.Table) -> dict[str, int]:
     return out
 
 
-def device_now(threads: int | None) -> Device:
+def device_now(threads: int | None, wanted: str = "auto") -> Device:
+    """The device the retriever will train on (``wanted``: a given ``train.device``)."""
     import torch
 
-    if torch.cuda.is_available():
+    if wanted != "cpu" and torch.cuda.is_available():
         return Device("cuda", threads or torch.get_num_threads())
     return Device("cpu", threads or torch.get_num_threads())
 
