@@ -36,7 +36,10 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     if args.dataset == "synthetic":
         data["synthetic"] = {"n_users": args.n_users, "n_items": args.n_items, "mean_length": args.mean_length,
                              "seed": args.seed}
-    return {"name": f"sized-{args.dataset}", "data": data}
+    config: dict[str, Any] = {"name": f"sized-{args.dataset}", "data": data}
+    if args.train_seed is not None:  # a given key: everything else stays sized
+        config["overrides"] = {"train.seed": args.train_seed}
+    return config
 
 
 def _host() -> dict[str, Any]:
@@ -128,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mean-length", type=float, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--train-seed", type=int, default=None, help="the pipeline: overrides train.seed (default 42)")
     p.add_argument("--budget-minutes", type=float, default=None)
     p.add_argument("--first-epoch", action="store_true", help="train the sized retriever's first epoch only")
     p.add_argument("--sizing-only", action="store_true", help="prepare and size only: what the rules choose")
