@@ -37,11 +37,33 @@ def add_pipeline_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
     p.add_argument("--threads", type=int, default=None, help="CPU threads for training")
     p.add_argument("--warm-start", action="store_true",
                    help="train from the served bundle's weights (as `warm_start: true` in the config)")
+    p.add_argument("--budget-minutes", type=_budget, default=None, metavar="MINUTES",
+                   help="publish within MINUTES (+10 %%): plan the stages from a probe of the retriever's costs and "
+                   "shrink what does not fit (as `budget_minutes:` in the config, which this replaces)")
     add_loo_only_protocol(p, "pipeline")
     p.set_defaults(handler=_pipeline)
 
 
+def _budget(text: str) -> float:
+    """argparse type of --budget-minutes: a bad one exits 2 before any work."""
+    from offline.jobs.budget import check_budget
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of minutes, got {text!r}") from None
+    try:
+        checked = check_budget(value, "--budget-minutes")
+    except SeqrecError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    assert checked is not None
+    return checked
+
+
 def _pipeline(args: argparse.Namespace) -> int:
+    import sys
+
+    from offline.jobs.budget import BudgetError
     from offline.jobs.pipeline import run_pipeline, summary_table
 
     refuse_temporal_protocol(args, "pipeline")
@@ -54,8 +76,12 @@ def _pipeline(args: argparse.Namespace) -> int:
     if args.keep is not None and args.keep < 1:
         raise SeqrecError(f"--keep must be >= 1, got {args.keep}")
     set_threads(args.threads)
-    summary = run_pipeline(args.config, args.out, resume=args.resume, keep=args.keep, threads=args.threads,
-                           warm_start=args.warm_start)
+    try:
+        summary = run_pipeline(args.config, args.out, resume=args.resume, keep=args.keep, threads=args.threads,
+                               warm_start=args.warm_start, budget_minutes=args.budget_minutes)
+    except BudgetError as err:  # a budget that cannot be planned: a usage error, as a bad --budget-minutes is
+        print(f"seqrec: error: {err}", file=sys.stderr)
+        return 2
     print(summary_table(summary))
     return 0
 

@@ -30,7 +30,9 @@ from tqdm import tqdm
 from common.atomic import sync, sync_tree, write_json
 from common.errors import SeqrecError
 from common.folders import refuse_seqrec_folder
+from offline.jobs.budget import check_budget
 from offline.jobs.pipeline_config import PipelineConfig, load_pipeline_config
+from offline.jobs.pipeline_plan import PLAN, RunPlan, plan_run, stage_eta
 from offline.jobs.pipeline_runs import Run, StageRecord, drop_stale_runs, new_run, resume_run
 from offline.jobs.versions import CURRENT, VERSIONS, pipeline_lock, prune_versions, switch_current
 from offline.tables import markdown_table
@@ -71,13 +73,18 @@ def check_artifacts_folder(artifacts: Path) -> None:
 
 
 def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, keep: int | None = None,
-                 threads: int | None = None, warm_start: bool = False) -> PipelineSummary:
-    """Run every stage not yet finished; returns the summary (stage times, metrics, published version)."""
+                 threads: int | None = None, warm_start: bool = False,
+                 budget_minutes: float | None = None) -> PipelineSummary:
+    """Run every stage not yet finished; returns the summary (stage times, metrics, published version).
+    ``budget_minutes`` (or the config's): plan the stages to publish within it (offline/jobs/budget.py)."""
     config = load_pipeline_config(config_path)
     if keep is not None:
         config = config.model_copy(update={"keep": keep})
     if warm_start:
         config = config.model_copy(update={"warm_start": True})
+    if budget_minutes is not None:
+        config = config.model_copy(update={"budget_minutes": check_budget(budget_minutes, "--budget-minutes")})
+    check_budget(config.budget_minutes, f"{config_path}: budget_minutes")
     check_artifacts_folder(artifacts)
     artifacts.mkdir(parents=True, exist_ok=True)
     with pipeline_lock(artifacts):  # one run per artifacts folder at a time
@@ -89,9 +96,10 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
                 log.info("no unfinished run of %s under %s: starting a new one", config.name, artifacts)
             run = new_run(artifacts, config, config_path)
         drop_stale_runs(artifacts, run, config.name)
+        started = time.perf_counter()
         stages: dict[str, Callable[[Run, PipelineConfig, int | None], dict[str, Any]]] = {
-            "prepare": _prepare, "train": _train, "export": _export, "mine": _mine, "train-ranker": _train_ranker,
-            "evaluate": _evaluate, "publish": lambda r, c, _: _publish(r, c, artifacts)}
+            "prepare": _prepare, "train": _train_planned, "export": _export, "mine": _mine,
+            "train-ranker": _train_ranker, "evaluate": _evaluate, "publish": lambda r, c, _: _publish(r, c, artifacts)}
         bar = tqdm(STAGES, desc="pipeline", unit="stage", disable=None)
         for name in bar:
             bar.set_postfix_str(name)
@@ -100,7 +108,8 @@ def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, ke
             if name in ("mine", "train-ranker") and config.ranker.kind == "none":
                 run.finish(name, 0.0, skipped=True)
                 continue
-            log.info("stage %d/%d: %s", STAGES.index(name) + 1, len(STAGES), name)
+            log.info("stage %d/%d: %s; %s", STAGES.index(name) + 1, len(STAGES), name,
+                     stage_eta(_stored_plan(run), name, time.perf_counter() - started))
             start = time.perf_counter()
             info = stages[name](run, config, threads)
             run.finish(name, time.perf_counter() - start, **info)
@@ -127,7 +136,20 @@ def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str,
             "repeat_targets": manifest["repeat_targets"], **added}
 
 
-def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
+def _stored_plan(run: Run) -> RunPlan | None:
+    path = run.folder / PLAN
+    return RunPlan.model_validate_json(path.read_text()) if path.exists() else None
+
+
+def _train_planned(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, Any]:
+    """The train stage with the run's plan (the sized defaults, the budget's changes): decided once, then kept."""
+    plan = plan_run(run.folder, run.data, config, threads, config.budget_minutes)
+    info = _train(run, config, plan.values)
+    return {**info, "sizing": plan.sizing.model_dump(mode="json"),
+            **({} if plan.budget is None else {"budget": plan.budget.model_dump(mode="json")})}
+
+
+def _train(run: Run, config: PipelineConfig, values: dict[str, Any]) -> dict[str, Any]:
     from offline.data.prepared import load_prepared
     from offline.jobs.catalog import served_bundle
     from offline.jobs.train import train_retriever
@@ -139,8 +161,7 @@ def _train(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, A
     if config.warm_start and init_from is None:  # the first run of a warm-starting cron job
         log.warning("warm start: %s serves no bundle yet; training from scratch", run.folder.parent.parent / CURRENT)
     extra = config.warm_start_overrides if init_from else {}
-    threads_override = {} if threads is None else {"train.threads": threads}
-    retriever_config = load_config_with(config.retriever, {**config.overrides, **extra, **threads_override})
+    retriever_config = load_config_with(config.retriever, {**values, **extra})
     if config.tune is not None:  # the search starts from the config and overrides above (offline/tune)
         from offline.tune.study import tuned_config
 

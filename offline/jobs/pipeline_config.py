@@ -90,6 +90,9 @@ class PipelineConfig(_Strict):
     index: Literal["auto", "flat", "hnsw", "ivf"] = Field("auto", description="the FAISS index (auto: exact up to "
                                                           "200K items, HNSW beyond)")
     ranker: RankerSection = Field(default_factory=RankerSection)
+    budget_minutes: float | None = Field(
+        None, description="publish within this many minutes (plus 10 %): the stages are planned from a probe of "
+        "the retriever's costs, and what does not fit shrinks (offline/jobs/budget.py)")
     keep: int = Field(3, ge=1, description="published versions to keep")
     warm_start: bool = Field(False, description="train from the served bundle's weights (`seqrec train --init-from`)")
     warm_start_overrides: dict[str, Any] = Field(default_factory=dict,

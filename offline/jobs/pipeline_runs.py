@@ -94,7 +94,8 @@ def new_run(artifacts: Path, config: PipelineConfig, config_path: Path) -> Run:
 def pipeline_identity(config: dict[str, Any]) -> dict[str, Any]:
     """A pipeline config's dump as --resume matches it: without `NOT_IDENTITY` (a run killed under --keep 3 was not
     resumed without it). warm_start stays: it changes the weights the training starts from."""
-    return {key: value for key, value in config.items() if key not in NOT_IDENTITY}
+    return {key: value for key, value in config.items()
+            if key not in NOT_IDENTITY and not (key == "budget_minutes" and value is None)}  # runs from before it
 
 
 def run_inputs(config: PipelineConfig, artifacts: Path) -> dict[str, Any]:

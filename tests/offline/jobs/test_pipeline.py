@@ -275,7 +275,7 @@ def test_the_untuned_pipeline_configs_name_no_retriever_config(name: str) -> Non
     assert config.tune.clock == "cpu"
 
 
-def test_a_pipeline_without_a_retriever_config_trains_the_built_in_defaults(tmp_path: Path) -> None:
+def test_a_pipeline_without_a_retriever_config_trains_the_sized_defaults(tmp_path: Path) -> None:
     config = tmp_path / "defaults.yaml"
     config.write_text(yaml.safe_dump({
         "name": "defaults",
@@ -286,9 +286,9 @@ def test_a_pipeline_without_a_retriever_config_trains_the_built_in_defaults(tmp_
     assert main(["pipeline", "--config", str(config), "--out", str(tmp_path / "a"), "--threads", "1", "-q"]) == 0
     trained = json.loads((tmp_path / "a" / "current" / "config.json").read_text())
     assert trained["model"]["d_model"] == 16  # the override
-    assert trained["model"]["backbone"] == "transformer"  # the rest: retriever/config.py's defaults
+    assert trained["model"]["backbone"] == "transformer"  # the rest: sized from the data (offline/jobs/sizing.py)
     assert trained["train"]["lr"] == 1e-3
-    assert trained["loss"]["name"] == "infonce"
+    assert trained["loss"]["name"] == "full"  # 60 items: the full softmax fits
 
 
 def test_an_old_pipeline_record_loads_and_writes_back_byte_for_byte() -> None:
