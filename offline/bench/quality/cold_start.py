@@ -122,19 +122,19 @@ def command(args: argparse.Namespace) -> str:
             f"--artifact {args.artifact} --out {args.out} --seed {args.seed} --sample {args.sample}")
 
 
-def cold_users(data: PreparedDataset, bundle: Bundle, held: set[str], *, cold: bool = True
+def cold_users(data: PreparedDataset, bundle: Bundle, held: set[str], *, cold: bool = True, position: int = -1
                ) -> tuple[Sequences, np.ndarray, np.ndarray]:
-    """The test users of the original data whose test target is a held-out item (``cold``; else the others):
-    their histories (everything before it, in ``bundle``'s ids; items it lacks dropped) and targets (0 when
-    it has no vector)."""
+    """The users of the original data whose test target (``position`` -1; -2: validation target) is a held-out
+    item (``cold``; else the others): their histories (everything before it, in ``bundle``'s ids; items it lacks
+    dropped) and targets (0 when it has no vector)."""
     seqs = data.sequences
-    last = data.item_ids[seqs.items[seqs.offsets[1:] - 1]]
-    users = np.flatnonzero(np.isin(last.astype(str), list(held)) == cold)
+    at = seqs.items[seqs.offsets[1:] + position]  # every prepared user has at least 3 items
+    users = np.flatnonzero(np.isin(data.item_ids[at].astype(str), list(held)) == cold)
     lookup = np.array([bundle.index_of.get(str(i), 0) for i in data.item_ids], dtype=np.int64)
     lookup[0] = 0
     histories, targets = [], np.zeros(len(users), dtype=np.int64)
     for j, u in enumerate(users):
-        row = lookup[seqs.items[seqs.offsets[u] : seqs.offsets[u + 1]]]
+        row = lookup[seqs.items[seqs.offsets[u] : seqs.offsets[u + 1] + position + 1]]
         histories.append([int(i) for i in row[:-1] if i > 0])
         targets[j] = row[-1]
     return Sequences.from_lists(histories), targets, users
