@@ -13,7 +13,8 @@ took into its training data (`offline.jobs.catalog`) are served as trained items
   (`retriever.backbones.transformer.Transformer.borrowed_id_rows`; the weight is chosen on validation in
   docs/results/cold-calibration: with no ID part the new items crowded out the trained ones); it joins the
   FAISS index (flat, HNSW or IVF: ``add``), the history encoder and the popularity fallback (last: it has no
-  training count), and the ranker sees it as an unknown item (its ID-derived features zeroed, as in the ranker's training).
+  training count), and the ranker sees it as an unknown item (its ID-derived features zeroed, as in the
+  ranker's training).
   An item none of whose feature values the model knows, or any item of a model without item features,
   is kept in the journal as *pending*: not served until the next training takes it in.
 * A retired item is never recommended again (excluded from retrieval, hence from the ranker's candidates,
