@@ -104,12 +104,15 @@ def side_effects(data: PreparedDataset, base: Bundle, bundle: Bundle, held: set[
     return out
 
 
-def added_share(bundle: Bundle, inputs: Sequences, n_trained: int, k: int = 10) -> float:
+def added_share(bundle: Bundle, inputs: Sequences, n_trained: int, k: int = 10,
+                scorer: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
+    """The share of the top-``k`` slots (history excluded) that items past ``n_trained`` take."""
+    score = scorer or bundle.artifact.model.score
     taken = total = 0
     with torch.inference_mode():
         for start in range(0, len(inputs), 512):
             history = torch.from_numpy(inputs.padded(np.arange(start, min(start + 512, len(inputs)))))
-            scores = bundle.artifact.model.score(history[:, -bundle.max_len :])
+            scores = score(history[:, -bundle.max_len :])
             scores.scatter_(1, history, -torch.inf)
             top = scores.topk(k, dim=1).indices
             taken += int((top > n_trained).sum())
