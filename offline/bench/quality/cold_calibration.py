@@ -128,7 +128,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
                                                     "test")}
     record = {"command": command(args), "artifact": str(args.artifact), "split": str(args.split),
               "held_out_items": len(setup.added), "added_share_of_catalogue": round(share, 4),
-              "exposure_bar": bar, "served_default_weight": setup.base.artifact.config.model.added_id_weight,
+              "exposure_bar": bar,
               "model_metrics_on_trained_items": setup.base.artifact.manifest.metrics,
               "valid_frontier": frontier, "chosen_id_weight": chosen["id_weight"], "test": test,
               "valid_offsets_not_served": offsets}
