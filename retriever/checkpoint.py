@@ -70,7 +70,8 @@ def save_checkpoint(
 
 
 # Settings that change how fast a run goes, not what it computes: a resumed run or search may change them.
-SPEED_ONLY = {"train": ("threads",)}
+# Settings that change nothing training computes: how fast it runs, how items added after it are served.
+SPEED_ONLY = {"train": ("threads",), "model": ("added_id_weight",)}
 
 
 def run_identity(raw: dict[str, Any]) -> dict[str, Any]:

@@ -72,10 +72,15 @@ class SequenceEncoder(nn.Module):
         """
         raise ValueError(f"{type(self).__name__} takes no item features")
 
-    def add_items(self, features: Tensor) -> None:
+    def add_items(self, features: Tensor, id_rows: Tensor | None = None) -> None:
         """Append (M, F) new items known by their side-feature ids alone (a catalogue change without retraining):
-        their ID-embedding part is zero, so each is the mean of its feature embeddings, on input and output.
+        each is the mean of its feature embeddings, on input and output, plus ``id_rows`` as its ID part (None:
+        zero; `borrowed_id_rows` gives the trained items' rows the catalogue scales).
 
         Only encoders that take item features can do this; the default refuses.
         """
+        raise ValueError(f"{type(self).__name__} takes no item features, so new items need retraining")
+
+    def borrowed_id_rows(self, features: Tensor) -> Tensor:
+        """(M, F) feature ids -> (M, D) ID rows borrowed from the items sharing those values; the default refuses."""
         raise ValueError(f"{type(self).__name__} takes no item features, so new items need retraining")

@@ -91,6 +91,26 @@ class Transformer(SequenceEncoder):
         side = self.feature_emb(features).sum(-2) / counts
         return self.item_emb(item_ids) + side * (item_ids != 0).unsqueeze(-1)
 
+    def borrowed_id_rows(self, features: Tensor) -> Tensor:
+        """(M, F) feature ids -> (M, D): for each item, the mean over its feature values of the mean ID row of this
+        encoder's items that have that value (as the feature part is the mean of its values' embeddings); zero
+        for an item none of whose values any of them has. Call it on the trained model, not one items were
+        added to, so that the rows do not depend on the order of the additions."""
+        if self.feature_emb is None:
+            return super().borrowed_id_rows(features)
+        held, rows = self.item_features[1:], self.item_emb.weight[1:].detach()
+        n_values = self.config.n_features + 1
+        sums = rows.new_zeros(n_values, rows.shape[1])
+        counts = rows.new_zeros(n_values)
+        for column in held.T:  # one feature slot at a time: (n_items,) value ids, 0 = none
+            sums.index_add_(0, column, rows)
+            counts.index_add_(0, column, torch.ones_like(column, dtype=rows.dtype))
+        sums[0], counts[0] = 0, 0  # "no value" borrows nothing
+        means = sums / counts.clamp(min=1).unsqueeze(1)  # (n_values, D)
+        known = (counts[features] > 0).to(rows.dtype)  # (M, F)
+        total = (means[features] * known.unsqueeze(-1)).sum(1)
+        return total / known.sum(1, keepdim=True).clamp(min=1)
+
     def set_item_features(self, features: Tensor) -> None:
         """features: (n_items + 1, features_per_item) ids in [0, n_features], 0 = none."""
         expected = tuple(self.item_features.shape)
@@ -100,9 +120,11 @@ class Transformer(SequenceEncoder):
             raise ValueError(f"feature ids must lie in [0, {self.config.n_features}]")
         self.item_features.copy_(features)
 
-    def add_items(self, features: Tensor) -> None:
-        """Append (M, F) new items by their feature ids; their ID rows are zero (no interaction to learn them from:
-        the mean of the trained rows would add the same "average item" direction to every new item)."""
+    def add_items(self, features: Tensor, id_rows: Tensor | None = None) -> None:
+        """Append (M, F) new items by their feature ids, with (M, D) ``id_rows`` as their ID part (the catalogue
+        passes a weight times `borrowed_id_rows` of the trained model); None leaves it zero, so each is the mean
+        of its feature embeddings alone, which sits closer to every user than a trained item does
+        (docs/results/cold-calibration)."""
         if self.feature_emb is None:
             super().add_items(features)
         width = self.item_features.shape[1]
@@ -111,10 +133,13 @@ class Transformer(SequenceEncoder):
         if len(features) and (int(features.min()) < 0 or int(features.max()) > self.config.n_features):
             raise ValueError(f"feature ids must lie in [0, {self.config.n_features}]")
         old = self.item_emb.weight
+        if id_rows is not None and tuple(id_rows.shape) != (len(features), old.shape[1]):
+            raise ValueError(f"new ID rows must be shaped ({len(features)}, {old.shape[1]}), "
+                             f"got {tuple(id_rows.shape)}")
         table = nn.Embedding(len(old) + len(features), old.shape[1], padding_idx=0).to(old.device, old.dtype)
         with torch.no_grad():
             table.weight[: len(old)] = old
-            table.weight[len(old) :] = 0
+            table.weight[len(old) :] = 0 if id_rows is None else id_rows.to(old)
         self.item_emb = table
         self.item_features = torch.cat([self.item_features, features.to(self.item_features)])
         self.config = replace(self.config, n_items=self.config.n_items + len(features))

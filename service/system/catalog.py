@@ -8,10 +8,13 @@ answered before it. A publish needs no copy: the new version reads the same jour
 took into its training data (`offline.jobs.catalog`) are served as trained items, their journal rows skipped.
 
 * An added item of a model with item features (``model.item_features``, e.g. Beauty's ``attributes``) gets
-  a vector at once: its ID part is zero and its feature part the mean of its known feature values' trained
-  embeddings (`retriever.backbones.base.SequenceEncoder.add_items`); it joins the FAISS index (flat, HNSW
-  or IVF: ``add``), the history encoder and the popularity fallback (last: it has no training count), and
-  the ranker sees it as an unknown item (its ID-derived features zeroed, as in the ranker's training).
+  a vector at once: its feature part is the mean of its known feature values' trained embeddings and its ID
+  part ``model.added_id_weight`` times the mean ID row of the trained items sharing those values
+  (`retriever.backbones.transformer.Transformer.borrowed_id_rows`; the weight is chosen on validation in
+  docs/results/cold-calibration: with no ID part the new items crowded out the trained ones); it joins the
+  FAISS index (flat, HNSW or IVF: ``add``), the history encoder and the popularity fallback (last: it has no
+  training count), and the ranker sees it as an unknown item (its ID-derived features zeroed, as in the
+  ranker's training).
   An item none of whose feature values the model knows, or any item of a model without item features,
   is kept in the journal as *pending*: not served until the next training takes it in.
 * A retired item is never recommended again (excluded from retrieval, hence from the ranker's candidates,
@@ -173,12 +176,13 @@ def load_served(path: Path, *, inference: Inference = "auto", threads: int = 1) 
     return apply_changes(base, read_journal(base.path))
 
 
-def apply_changes(base: Bundle, changes: CatalogChanges) -> Bundle:
-    """``base`` (as loaded from disk, no change applied) with ``changes`` applied."""
+def apply_changes(base: Bundle, changes: CatalogChanges, *, id_weight: float | None = None) -> Bundle:
+    """``base`` (as loaded from disk, no change applied) with ``changes`` applied; ``id_weight`` replaces the
+    model's ``added_id_weight`` (the calibration bench tries several; the service never passes it)."""
     base = base.base or base
     if not (changes.added or changes.retired):
         return dataclasses.replace(base, changes=changes, base=None, pending_count=0)
-    return _apply(base, base, changes.added, changes.retired, changes)
+    return _apply(base, base, changes.added, changes.retired, changes, id_weight)
 
 
 def apply_records(bundle: Bundle, records: list[Record], position: Position | None, *, take: bool = True) -> Bundle:
@@ -194,7 +198,7 @@ def apply_records(bundle: Bundle, records: list[Record], position: Position | No
 
 
 def _apply(base: Bundle, served: Bundle, added: list[dict[str, Any]], retired_ids: list[str],
-           changes: CatalogChanges) -> Bundle:
+           changes: CatalogChanges, id_weight: float | None = None) -> Bundle:
     """``served`` (``base`` with some changes applied, or ``base`` itself) with ``added`` and ``retired_ids``
     applied as well; items ``served`` already has are skipped (a later version trained them)."""
     fresh = [row for row in added if str(row["item_id"]) not in served.index_of]
@@ -204,7 +208,7 @@ def _apply(base: Bundle, served: Bundle, added: list[dict[str, Any]], retired_id
     artifact, vectors, tables = served.artifact, served.vectors, served.tables
     if n_new:
         model = copy.deepcopy(artifact.model)
-        model.encoder.add_items(torch.from_numpy(features))
+        model.encoder.add_items(torch.from_numpy(features), added_id_rows(base, features, id_weight))
         with torch.inference_mode():
             vectors = unit_item_vectors(model.item_vectors().detach())
         assert artifact.index is not None  # load_bundle always loads it
@@ -226,6 +230,19 @@ def _apply(base: Bundle, served: Bundle, added: list[dict[str, Any]], retired_id
     return Bundle(base.path, artifact, base.ranker, tables, vectors, index_of, metadata, popular, popularity,
                   compiled_encoder=compiled, inference=dict(inference), retired=retired, changes=changes, base=base,
                   pending_count=n_pending)
+
+
+def added_id_rows(base: Bundle, features: np.ndarray, id_weight: float | None = None) -> torch.Tensor | None:
+    """The ID part of new items with ``features``: the weight (``model.added_id_weight`` unless given) times the
+    mean ID row of the trained items sharing their values, read from ``base``'s model (the trained one, so an
+    item's vector does not depend on what was added before it); None for a weight of 0."""
+    weight = base.artifact.config.model.added_id_weight if id_weight is None else id_weight
+    if weight < 0:
+        raise ValueError(f"the added items' ID weight must be >= 0, got {weight}")
+    if weight == 0:
+        return None
+    with torch.no_grad():
+        return weight * base.artifact.model.encoder.borrowed_id_rows(torch.from_numpy(features))
 
 
 def pending(bundle: Bundle) -> list[str]:

@@ -17,7 +17,15 @@ import torch
 from offline.cli import main as seqrec
 from retriever.artifact import rewrite_index
 from retriever.index import IndexSpec, search
-from service.system.catalog import JOURNAL, LEGACY_JOURNAL, CatalogChanges, apply_changes, load_served, read_journal
+from service.system.catalog import (
+    JOURNAL,
+    LEGACY_JOURNAL,
+    CatalogChanges,
+    apply_changes,
+    apply_records,
+    load_served,
+    read_journal,
+)
 from service.system.loader import load_bundle
 from tests.service.support import SHARED_REDIS, Server, serving
 
@@ -172,8 +180,16 @@ def test_a_model_without_item_features_keeps_added_items_pending(bundle: Path, t
         assert r.json()["unknown_items"] == ["fresh"]
 
 
+def _borrowed(encoder, ids: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """The mean over ``ids`` (non-zero feature values) of the mean ID row of the trained items having each."""
+    trained = encoder.item_features[1:]
+    means = [encoder.item_emb.weight[1:][(trained == v).any(1)].mean(0) for v in ids.tolist()]
+    return torch.stack(means).mean(0)
+
+
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])
-def test_a_new_item_vector_is_its_feature_mean_and_the_index_finds_it(served_copy: Path, kind: str) -> None:
+def test_a_new_item_vector_is_its_feature_mean_plus_a_borrowed_id_part_and_the_index_finds_it(
+        served_copy: Path, kind: str) -> None:
     rewrite_index(served_copy, IndexSpec(kind=kind))
     base = load_bundle(served_copy)
     changes = CatalogChanges(added=[{"item_id": "n", "genres": ["Comedy", "Drama"]}], retired=["i1"])
@@ -182,8 +198,15 @@ def test_a_new_item_vector_is_its_feature_mean_and_the_index_finds_it(served_cop
     assert bundle.n_items == base.n_items + 1
     row = bundle.n_items
     ids = bundle.artifact.model.encoder.item_features[row]
-    expected = encoder.feature_emb(ids[ids != 0]).mean(0)  # type: ignore[misc]
-    assert torch.allclose(bundle.vectors[row], torch.nn.functional.normalize(expected, dim=0), atol=1e-6)
+    ids = ids[ids != 0]
+    features = encoder.feature_emb(ids).mean(0)  # type: ignore[misc]
+    weight = base.artifact.config.model.added_id_weight
+    assert weight > 0
+    with torch.no_grad():
+        expected = features + weight * _borrowed(encoder, ids)
+        assert torch.allclose(bundle.vectors[row], torch.nn.functional.normalize(expected, dim=0), atol=1e-5)
+        plain = apply_changes(base, changes, id_weight=0.0)  # no ID part: the feature mean alone
+        assert torch.allclose(plain.vectors[row], torch.nn.functional.normalize(features, dim=0), atol=1e-6)
     assert torch.equal(bundle.vectors[: row], base.vectors)  # trained items unchanged
     _, rows = search(bundle.artifact.index, bundle.vectors[row : row + 1].numpy(), 1)
     assert rows[0, 0] == row - 1  # index row r = internal id r + 1
@@ -193,6 +216,16 @@ def test_a_new_item_vector_is_its_feature_mean_and_the_index_finds_it(served_cop
     (served_copy / LEGACY_JOURNAL).write_text(changes.model_dump_json())  # the previous format still loads
     again = load_served(served_copy)
     assert np.array_equal(again.vectors.numpy(), bundle.vectors.numpy())
+
+
+def test_an_added_items_vector_does_not_depend_on_what_was_added_before_it(served_copy: Path) -> None:
+    base = load_bundle(served_copy)
+    first, second = {"item_id": "a", "genres": ["Comedy"]}, {"item_id": "b", "genres": ["Comedy", "Drama"]}
+    one_by_one = apply_records(apply_changes(base, CatalogChanges(added=[first])), [{"added": [second]}], None)
+    at_once = apply_changes(base, CatalogChanges(added=[first, second]))
+    alone = apply_changes(base, CatalogChanges(added=[second]))
+    assert torch.equal(one_by_one.vectors, at_once.vectors)
+    assert torch.allclose(at_once.vectors[-1], alone.vectors[-1], atol=1e-6)
 
 
 def test_an_export_keeps_the_catalogue_changes_a_server_makes_meanwhile(served_copy: Path,

@@ -104,12 +104,15 @@ def side_effects(data: PreparedDataset, base: Bundle, bundle: Bundle, held: set[
     return out
 
 
-def added_share(bundle: Bundle, inputs: Sequences, n_trained: int, k: int = 10) -> float:
+def added_share(bundle: Bundle, inputs: Sequences, n_trained: int, k: int = 10,
+                scorer: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
+    """The share of the top-``k`` slots (history excluded) that items past ``n_trained`` take."""
+    score = scorer or bundle.artifact.model.score
     taken = total = 0
     with torch.inference_mode():
         for start in range(0, len(inputs), 512):
             history = torch.from_numpy(inputs.padded(np.arange(start, min(start + 512, len(inputs)))))
-            scores = bundle.artifact.model.score(history[:, -bundle.max_len :])
+            scores = score(history[:, -bundle.max_len :])
             scores.scatter_(1, history, -torch.inf)
             top = scores.topk(k, dim=1).indices
             taken += int((top > n_trained).sum())
@@ -122,19 +125,19 @@ def command(args: argparse.Namespace) -> str:
             f"--artifact {args.artifact} --out {args.out} --seed {args.seed} --sample {args.sample}")
 
 
-def cold_users(data: PreparedDataset, bundle: Bundle, held: set[str], *, cold: bool = True
+def cold_users(data: PreparedDataset, bundle: Bundle, held: set[str], *, cold: bool = True, position: int = -1
                ) -> tuple[Sequences, np.ndarray, np.ndarray]:
-    """The test users of the original data whose test target is a held-out item (``cold``; else the others):
-    their histories (everything before it, in ``bundle``'s ids; items it lacks dropped) and targets (0 when
-    it has no vector)."""
+    """The users of the original data whose test target (``position`` -1; -2: validation target) is a held-out
+    item (``cold``; else the others): their histories (everything before it, in ``bundle``'s ids; items it lacks
+    dropped) and targets (0 when it has no vector)."""
     seqs = data.sequences
-    last = data.item_ids[seqs.items[seqs.offsets[1:] - 1]]
-    users = np.flatnonzero(np.isin(last.astype(str), list(held)) == cold)
+    at = seqs.items[seqs.offsets[1:] + position]  # every prepared user has at least 3 items
+    users = np.flatnonzero(np.isin(data.item_ids[at].astype(str), list(held)) == cold)
     lookup = np.array([bundle.index_of.get(str(i), 0) for i in data.item_ids], dtype=np.int64)
     lookup[0] = 0
     histories, targets = [], np.zeros(len(users), dtype=np.int64)
     for j, u in enumerate(users):
-        row = lookup[seqs.items[seqs.offsets[u] : seqs.offsets[u + 1]]]
+        row = lookup[seqs.items[seqs.offsets[u] : seqs.offsets[u + 1] + position + 1]]
         histories.append([int(i) for i in row[:-1] if i > 0])
         targets[j] = row[-1]
     return Sequences.from_lists(histories), targets, users
