@@ -9,7 +9,7 @@ at every cut-off); False (allow) removes nothing, and history items are ranked o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,6 +20,9 @@ from common.metrics import mean_metrics
 from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut, Split
 from offline.evaluation.metrics import pessimistic_ranks
+
+if TYPE_CHECKING:
+    from offline.data.temporal import TemporalSplit
 
 # (B, T) left-padded histories (int64, 0 = padding) -> (B, n_items + 1) scores.
 Scorer = Callable[[Tensor], Tensor]
@@ -166,7 +169,7 @@ def _count_ahead(users: Tensor, items: Tensor, history: Tensor, target: Tensor, 
 def evaluate_vectors(
     encode: Encoder,
     items: Tensor,
-    data: LeaveOneOut,
+    data: LeaveOneOut | TemporalSplit,
     *,
     scale: float = 1.0,
     splits: Sequence[Split] = ("valid", "test"),
@@ -181,7 +184,7 @@ def evaluate_vectors(
         exclude_seen=exclude_seen, desc=split))
 
 
-def _per_split(data: LeaveOneOut, splits: Sequence[Split], ks: Sequence[int],
+def _per_split(data: LeaveOneOut | TemporalSplit, splits: Sequence[Split], ks: Sequence[int],
                ranks_of: Callable[[Sequences, np.ndarray, Split], np.ndarray]) -> dict[str, dict[str, float]]:
     """{"valid": {...}, "test": {...}}: ``ranks_of(inputs, targets, split)`` summarised per split."""
     return {split: summarize(ranks_of(data.inputs(split), data.targets(split), split), ks) for split in splits}

@@ -5,7 +5,7 @@ of the artifact against the data first."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -17,8 +17,13 @@ from offline.evaluation.evaluate import EVAL_KS, evaluate_vectors, index_target_
 from retriever.artifact import RetrieverArtifact, load_artifact
 from retriever.model import Retriever
 
+if TYPE_CHECKING:
+    from offline.data.temporal import TemporalSplit
 
-def dense_metrics(model: Retriever, split: LeaveOneOut, n_items: int, max_len: int,
+Sampled = TypeVar("Sampled", "LeaveOneOut", "TemporalSplit", "LeaveOneOut | TemporalSplit")
+
+
+def dense_metrics(model: Retriever, split: LeaveOneOut | TemporalSplit, n_items: int, max_len: int,
                   splits: tuple[Split, ...] = ("valid", "test"), batch_size: int | None = None,
                   ks: tuple[int, ...] = EVAL_KS, *, exclude_seen: bool = True) -> dict[str, Any]:
     """Full-ranking metrics of a retriever, streamed over users and item blocks (any catalogue size)."""
@@ -36,7 +41,7 @@ def evaluation_rows(n_users: int, users: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n_users, size=users, replace=False))
 
 
-def evaluation_sample(split: LeaveOneOut, users: int | None, seed: int) -> LeaveOneOut:
+def evaluation_sample(split: Sampled, users: int | None, seed: int) -> Sampled:
     """``split`` itself, or a fixed random sample of ``users`` of its users (``train.eval_users``)."""
     if users is None or users >= len(split.full):
         return split

@@ -16,6 +16,7 @@ import torch
 
 from offline.data.features import with_item_features
 from offline.data.prepared import PreparedDataset, dataset_fingerprint
+from offline.data.temporal import TemporalSplit
 from offline.evaluation.retriever import dense_metrics, evaluation_sample
 from offline.jobs.temporal import TemporalProtocol, protocol_repeat_shares, protocol_split, temporal_final, trained_on
 from offline.jobs.warm_start import warm_start_init
@@ -105,11 +106,14 @@ def _train_retriever(
                  run_files=run_files)
     if dist is not None and not dist.is_main:
         return None
+    protocol: dict[str, Any]
     if temporal is None:
         metrics, protocol, model, refitted = dense_metrics(result.model, evaluated, data.n_items, max_len,
                                                            batch_size=eval_batch, exclude_seen=exclude_seen), {}, \
             result.model, None
     else:
+        assert isinstance(split, TemporalSplit)  # protocol_split's promise
+        assert isinstance(evaluated, TemporalSplit)
         metrics, protocol, model, refitted = temporal_final(
             temporal, config, split, evaluated, result, data.n_items, out / "run-refit", max_len=max_len,
             exclude_seen=exclude_seen, batch_size=eval_batch, resume=resume, item_features=features, init=init)
