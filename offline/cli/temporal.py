@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from common.errors import SeqrecError
 from offline.data.protocols import DEFAULT_TEST_CUT, DEFAULT_VALID_CUT, PROTOCOLS
@@ -48,13 +48,8 @@ def protocol_from(args: argparse.Namespace) -> TemporalProtocol | None:
 def refuse_temporal_artifact(artifact: Path) -> None:
     """Leave-one-out scores each user's last item, which a model trained under the temporal protocol may have
     learnt from (every user whose history ends before the validation cut): refused, not scored."""
-    from retriever.artifact import ArtifactError, read_manifest
-
-    try:
-        trained = getattr(read_manifest(artifact), "protocol", None)
-    except ArtifactError:
-        return  # the evaluation itself names what is wrong with the artifact
-    if isinstance(trained, dict) and trained.get("protocol") == "temporal":
+    trained = _temporal_record(artifact)
+    if trained is not None:
         from offline.data.temporal import TemporalError
 
         raise TemporalError(f"{artifact} was trained under the temporal protocol (cuts {trained.get('valid_cut')}/"
@@ -82,15 +77,21 @@ def refuse_temporal_protocol(args: argparse.Namespace, command: str) -> None:
 def refuse_temporal_retriever(artifact: Path, command: str) -> None:
     """A ranker is mined, trained and selected on leave-one-out positions: a retriever trained under the temporal
     protocol would be paired with targets of its own validation and test windows."""
-    from retriever.artifact import ArtifactError, read_manifest
-
-    try:
-        trained = getattr(read_manifest(artifact), "protocol", None)
-    except ArtifactError:
-        return  # the command itself names what is wrong with the artifact
-    if isinstance(trained, dict) and trained.get("protocol") == "temporal":
+    if _temporal_record(artifact) is not None:
         from offline.data.temporal import TemporalError
 
         raise TemporalError(f"{artifact} was trained under the temporal protocol; `seqrec {command}` mines and "
                             "selects on leave-one-out positions, which would reach into its validation and test "
                             "windows: the two-stage path runs on leave-one-out retrievers only (docs/temporal.md)")
+
+
+def _temporal_record(artifact: Path) -> dict[str, Any] | None:
+    """The manifest's protocol record when the artifact was trained under the temporal protocol, else None (also
+    when the manifest cannot be read: the command itself then names what is wrong with the artifact)."""
+    from retriever.artifact import ArtifactError, read_manifest
+
+    try:
+        trained = getattr(read_manifest(artifact), "protocol", None)
+    except ArtifactError:
+        return None
+    return trained if isinstance(trained, dict) and trained.get("protocol") == "temporal" else None
