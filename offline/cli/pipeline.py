@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from common.errors import SeqrecError
 from offline.cli.common import Subparsers, set_threads, shipped_configs
 from offline.cli.serve import check_bindable, settings_message
-from offline.cli.temporal import add_loo_only_protocol, refuse_temporal_protocol
+from offline.cli.temporal import add_protocol_arguments
 from offline.jobs.versions import CURRENT
 
 if TYPE_CHECKING:
@@ -40,8 +40,8 @@ def add_pipeline_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
     p.add_argument("--budget-minutes", type=_budget, default=None, metavar="MINUTES",
                    help="publish within MINUTES (+10 %%): plan the stages from a probe of the retriever's costs and "
                    "shrink what does not fit (as `budget_minutes:` in the config, which this replaces)")
-    add_loo_only_protocol(p, "pipeline")
-    p.set_defaults(handler=_pipeline)
+    add_protocol_arguments(p, refit=False)
+    p.set_defaults(handler=_pipeline, protocol=None)  # None: the config's `split:` section (leave-one-out without)
 
 
 def _budget(text: str) -> float:
@@ -66,7 +66,6 @@ def _pipeline(args: argparse.Namespace) -> int:
     from offline.jobs.budget import BudgetError
     from offline.jobs.pipeline import run_pipeline, summary_table
 
-    refuse_temporal_protocol(args, "pipeline")
     if args.config is None:
         raise SeqrecError("--config is required (or set SEQREC_PIPELINE_CONFIG); see configs/pipeline/")
     if not args.config.exists():
@@ -78,12 +77,19 @@ def _pipeline(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     try:
         summary = run_pipeline(args.config, args.out, resume=args.resume, keep=args.keep, threads=args.threads,
-                               warm_start=args.warm_start, budget_minutes=args.budget_minutes)
+                               warm_start=args.warm_start, budget_minutes=args.budget_minutes,
+                               split=_split_flags(args))
     except BudgetError as err:  # a budget that cannot be planned: a usage error, as a bad --budget-minutes is
         print(f"seqrec: error: {err}", file=sys.stderr)
         return 2
     print(summary_table(summary))
     return 0
+
+
+def _split_flags(args: argparse.Namespace) -> dict[str, str]:
+    """--protocol, --valid-cut and --test-cut as given, to override the config's `split:` section."""
+    given = {"protocol": args.protocol, "valid_cut": args.valid_cut, "test_cut": args.test_cut}
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def add_rollback_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""The protocol flags that `seqrec prepare`, `train` and `evaluate` share: --protocol, --valid-cut, --test-cut
+"""The protocol flags that `seqrec prepare`, `train`, `evaluate`, `tune` and `pipeline` share: --protocol, --valid-cut, --test-cut
 and, where a model is fitted, --refit (docs/temporal.md)."""
 
 from __future__ import annotations
@@ -57,23 +57,6 @@ def refuse_temporal_artifact(artifact: Path) -> None:
                             "evaluate it with --protocol temporal and those cuts")
 
 
-def add_loo_only_protocol(p: argparse.ArgumentParser, command: str) -> None:
-    """--protocol for a command that runs leave-one-out only (`seqrec tune`, `seqrec pipeline`): temporal is
-    refused by `refuse_temporal_protocol` with what to run instead."""
-    p.add_argument("--protocol", choices=PROTOCOLS, default="loo",
-                   help=f"loo only: `seqrec {command}` does not run the temporal protocol yet (docs/temporal.md); "
-                   "train and evaluate under it with `seqrec train/evaluate --protocol temporal`")
-
-
-def refuse_temporal_protocol(args: argparse.Namespace, command: str) -> None:
-    if args.protocol == "temporal":
-        from offline.data.temporal import TemporalError
-
-        raise TemporalError(f"`seqrec {command}` runs leave-one-out only (its stages mine, select and publish on "
-                            "leave-one-out positions); under the temporal protocol use `seqrec train --protocol "
-                            "temporal` and `seqrec evaluate --protocol temporal` (docs/temporal.md)")
-
-
 def refuse_temporal_retriever(artifact: Path, command: str) -> None:
     """A ranker is mined, trained and selected on leave-one-out positions: a retriever trained under the temporal
     protocol would be paired with targets of its own validation and test windows."""
@@ -82,7 +65,8 @@ def refuse_temporal_retriever(artifact: Path, command: str) -> None:
 
         raise TemporalError(f"{artifact} was trained under the temporal protocol; `seqrec {command}` mines and "
                             "selects on leave-one-out positions, which would reach into its validation and test "
-                            "windows: the two-stage path runs on leave-one-out retrievers only (docs/temporal.md)")
+                            "windows: under the temporal protocol the two-stage path runs as `seqrec pipeline --protocol "
+                            "temporal`, which mines and selects before the validation cut (docs/temporal.md)")
 
 
 def _temporal_record(artifact: Path) -> dict[str, Any] | None:

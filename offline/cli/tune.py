@@ -10,7 +10,7 @@ from typing import Any
 
 from common.folders import refuse_seqrec_folder
 from offline.cli.common import SEED, Subparsers, at_least, print_json
-from offline.cli.temporal import add_loo_only_protocol, refuse_temporal_protocol
+from offline.cli.temporal import add_protocol_arguments, protocol_from
 
 
 def add_tune_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -37,7 +37,7 @@ def add_tune_parser(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--fix", action="append", default=[], metavar="PARAM=VALUE",
                    help="pin a searched parameter (repeatable), e.g. --fix d_model=64 --fix schedule=wsd")
     p.add_argument("--threads", type=int, default=None, help="shorthand for --train.threads (CPU)")
-    add_loo_only_protocol(p, "tune")
+    add_protocol_arguments(p, refit=False)
     p.set_defaults(handler=_tune, overrides=True)
 
 
@@ -46,7 +46,7 @@ def _tune(args: argparse.Namespace) -> int:
     from offline.tune.study import TuneOptions, tune
     from retriever.config import apply_overrides, read_yaml
 
-    refuse_temporal_protocol(args, "tune")
+    temporal = protocol_from(args)  # temporal: trials train before the validation cut, scored on its window
     options = TuneOptions(trials=args.trials, budget_minutes=args.budget_minutes, clock=args.clock, seed=args.seed,
                           storage=args.storage, fixed=_pins(args.fix))
     options.check()
@@ -55,7 +55,10 @@ def _tune(args: argparse.Namespace) -> int:
     base = apply_overrides(read_yaml(args.config, "config file") if args.config else {}, overrides)
     command = "seqrec " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("tune"):]) \
         if "tune" in sys.argv else "seqrec tune"
-    result = tune(base, load_prepared(args.data), args.out, options, command=command)
+    data = load_prepared(args.data)
+    if temporal is not None:
+        temporal.split_data(data)  # data without timestamps, or cuts that leave a window empty: refused now
+    result = tune(base, data, args.out, options, command=command, temporal=temporal)
     print_json({k: result[k] for k in ("trials", "best_trial", "best_params", "valid", "test", "budget")})
     return 0
 

@@ -64,13 +64,13 @@ def temporal_metrics(split: TemporalSplit, ranks_of: RanksOf | dict[Split, Ranks
         rank = ranks_of[name] if isinstance(ranks_of, dict) else ranks_of
         ranks = rank(window.inputs, window.targets, name)
         out[name] = summarize(ranks, ks)
-        apart[name] = {**window.record(), **_apart(window, ranks, ks),
+        apart[name] = {**window.record(), **apart_metrics(window, ranks, ks),
                        "window_recall": window_recall(window, rank, ks, f"{name} window")}
     out["temporal"] = apart
     return out
 
 
-def _apart(window: Window, ranks: np.ndarray, ks: Sequence[int]) -> dict[str, Any]:
+def apart_metrics(window: Window, ranks: np.ndarray, ks: Sequence[int]) -> dict[str, Any]:
     new = window.new_items[window.targets]
     return {"known_item_target_metrics": summarize(ranks[~new], ks) if (~new).any() else None,
             "new_item_target_metrics": summarize(ranks[new], ks) if new.any() else None}
@@ -78,11 +78,20 @@ def _apart(window: Window, ranks: np.ndarray, ks: Sequence[int]) -> dict[str, An
 
 def window_recall(window: Window, ranks_of: RanksOf, ks: Sequence[int], desc: str) -> dict[str, float]:
     """{"Recall@k": mean over warm users of the share of their window's distinct items ranked within k}."""
+    owner, items = window_pairs(window)
+    return recall_from_ranks(window, owner, ranks_of(window.inputs.take(owner), items, desc), ks)
+
+
+def window_pairs(window: Window) -> tuple[np.ndarray, np.ndarray]:
+    """(owner, item): one pair per distinct item of each warm user's window, ``owner`` its row in the window."""
     owner = np.repeat(np.arange(len(window.users)), window.horizon.lengths)
     n_rows = int(window.new_items.shape[0])
-    pairs = np.unique(owner * n_rows + window.horizon.items)  # one (user, item) pair per distinct window item
-    owner, items = pairs // n_rows, pairs % n_rows
-    ranks = ranks_of(window.inputs.take(owner), items, desc)
+    pairs = np.unique(owner * n_rows + window.horizon.items)
+    return pairs // n_rows, pairs % n_rows
+
+
+def recall_from_ranks(window: Window, owner: np.ndarray, ranks: np.ndarray, ks: Sequence[int]) -> dict[str, float]:
+    """`window_recall` from the ranks of the `window_pairs`."""
     per_user = np.bincount(owner, minlength=len(window.users)).astype(np.float64)
     hits = metrics_from_ranks(ranks, ks)
     return {f"Recall@{k}": round(float((np.bincount(owner, weights=hits[f"HR@{k}"], minlength=len(per_user))

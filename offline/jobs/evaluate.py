@@ -19,7 +19,7 @@ from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.evaluation.retriever import repeat_record
 from offline.evaluation.two_stage import Reranked, rerank_groups
 from offline.jobs.mine import merge_groups, mine
-from offline.jobs.rank import bundle_source, split_sources
+from offline.jobs.rank import AnySplit, bundle_source, split_plans, split_sources
 from offline.jobs.tables import has_clock, request_times
 from ranker.artifact import RankerArtifact, load_ranker
 from ranker.config import MAX_DEPTH, ranker_default
@@ -120,8 +120,9 @@ class _System:
     catalogue: dict[str, int]  # the journal's changes as applied ({} without any)
 
 
-def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None) -> _System:
-    artifact, source = bundle_source(bundle, data)
+def _system(bundle: Path, data: PreparedDataset, stage: str, depth: int | None,
+            split: AnySplit | None = None) -> _System:
+    artifact, source = bundle_source(bundle, data, split)
     ranker_artifact = load_ranker(bundle, artifact.manifest)
     if stage == "auto":
         stage = "two-stage" if ranker_artifact is not None else "retriever"
@@ -165,17 +166,18 @@ def _served_system(bundle: Path, stage: str, depth: int, source: FeatureSource) 
     return _System(artifact, ranker, source, stage, depth, encode, artifact.n_items, banned, catalogue)
 
 
-def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...]) -> dict[str, Groups]:
+def _retrieved(system: _System, data: PreparedDataset, splits: tuple[str, ...],
+               split: AnySplit | None = None) -> dict[str, Groups]:
     """Each split's candidates for the history before its target, history excluded (as mined): the
     retriever's top ``depth``, merged with the co-occurrence source's list when the ranker was trained so."""
-    split = data.split()
+    split = split or data.split()
     artifact = system.artifact
     encode, sources = system.encode, split_sources(split)
-    plans = {"valid": (split.train, split.valid_targets), "test": (split.inputs("test"), split.test_targets)}
+    plans = split_plans(split)
     groups = {}
     for name in splits:
-        inputs, target = plans[name]
-        mined = mine(encode, artifact.index, inputs.items, inputs.offsets[:-1], inputs.offsets[1:], target,
+        items, start, end, target = plans[name]
+        mined = mine(encode, artifact.index, items, start, end, target,
                      depth=system.depth, max_len=artifact.max_len,
                      exclude_seen=artifact.manifest.exclude_seen, banned=system.banned, desc=f"retrieve {name}")
         timed = system.ranker is not None and system.ranker.needs_time

@@ -14,6 +14,10 @@ on the first held-out item (the ``per_user``-th last training item) of a fixed r
 (``HOLDOUT_STOP_SHARE``, drawn with the config's seed, as ``train.eval_users`` draws its sample), and
 those items are left out of the ranker's training groups (`early_stop_positions`); the later held-out
 items, which the holdout model neither trained nor early-stopped on, stay.
+
+Under the temporal protocol (``split`` a `TemporalSplit`) the training sequences are every user's interactions
+before the validation cut, so the holdout retriever, its early stopping and the ranker's training targets all lie
+before that cut: nothing of the validation or test window is mined or learnt from.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import numpy as np
 
 from common.errors import SeqrecError
 from offline.data.prepared import PreparedDataset
+from offline.data.sequences import Sequences
+from offline.data.split import LeaveOneOut
+from offline.data.temporal import TemporalSplit
 from offline.evaluation.retriever import evaluation_rows
 from ranker.config import HOLDOUT_PER_USER, HOLDOUT_STOP_SHARE
 from retriever.artifact import RetrieverArtifact, load_artifact
@@ -42,27 +49,33 @@ def holdout_folder(per_user: int = HOLDOUT_PER_USER) -> str:
     return HOLDOUT if per_user == HOLDOUT_PER_USER else f"{HOLDOUT}-{per_user}"
 
 
-def holdout_users(data: PreparedDataset, per_user: int = HOLDOUT_PER_USER) -> np.ndarray:
+def training_sequences(data: PreparedDataset, split: LeaveOneOut | TemporalSplit | None = None) -> Sequences:
+    """The training sequences mining holds out from: ``split``'s (leave-one-out's by default)."""
+    return (split or data.split()).train
+
+
+def holdout_users(data: PreparedDataset, per_user: int = HOLDOUT_PER_USER,
+                  split: LeaveOneOut | TemporalSplit | None = None) -> np.ndarray:
     """Rows of ``data``'s users that the holdout dataset keeps (enough training items for its own split
     once the last ``per_user`` are held out)."""
     from offline.data.split import MIN_LENGTH
 
-    return np.flatnonzero(data.split().train.lengths - (per_user - 2) >= MIN_LENGTH)
+    return np.flatnonzero(training_sequences(data, split).lengths - (per_user - 2) >= MIN_LENGTH)
 
 
-def holdout_data(data: PreparedDataset, per_user: int = HOLDOUT_PER_USER) -> PreparedDataset:
+def holdout_data(data: PreparedDataset, per_user: int = HOLDOUT_PER_USER,
+                 split: LeaveOneOut | TemporalSplit | None = None) -> PreparedDataset:
     """The training sequences as a dataset of their own: its split trains on all but each user's
     last ``per_user`` training items, validates on the first of them and tests on the next (the items
     after those are held out by being cut off)."""
     from dataclasses import replace
 
-    from offline.data.sequences import Sequences
     from offline.data.split import MIN_LENGTH
 
     if per_user < 2:
         raise SeqrecError(f"holdout mining holds out at least 2 training items per user, got {per_user}")
-    train = data.split().train
-    keep = holdout_users(data, per_user)
+    train = training_sequences(data, split)
+    keep = holdout_users(data, per_user, split)
     if len(keep) == 0:
         raise SeqrecError(f"no user of {data.path} has {MIN_LENGTH + per_user - 2} or more training items for "
                           f"holdout mining of {per_user} per user")
@@ -87,13 +100,14 @@ def holdout_config(config: RunConfig, repeats: str, n_users: int) -> RunConfig:
 
 
 def train_holdout_retriever(config: RunConfig, repeats: str, data: PreparedDataset, out: Path,
-                            per_user: int = HOLDOUT_PER_USER) -> RetrieverArtifact:
+                            per_user: int = HOLDOUT_PER_USER,
+                            split: LeaveOneOut | TemporalSplit | None = None) -> RetrieverArtifact:
     """Train (or reuse, or resume in) ``out`` the holdout retriever of a bundle trained with ``config``
     (as resolved in its artifact, or as loaded from its YAML: training resolves the same) under
     policy ``repeats`` on ``data`` without each user's last ``per_user`` training items."""
     from offline.jobs.train import train_retriever
 
-    inner = holdout_data(data, per_user)
+    inner = holdout_data(data, per_user, split)
     wanted = holdout_config(config, repeats, inner.n_users)
     if (out / "manifest.json").exists():
         holdout = load_artifact(out)
@@ -115,17 +129,17 @@ def _comparable(config: RunConfig) -> dict[str, Any]:
     return raw
 
 
-def early_stop_positions(data: PreparedDataset, holdout: RetrieverArtifact,
-                         per_user: int = HOLDOUT_PER_USER) -> np.ndarray:
+def early_stop_positions(data: PreparedDataset, holdout: RetrieverArtifact, per_user: int = HOLDOUT_PER_USER,
+                         split: LeaveOneOut | TemporalSplit | None = None) -> np.ndarray:
     """Absolute positions in ``data.split().train.items`` of the targets the holdout retriever (trained
     without each user's last ``per_user`` training items) early-stopped on: each sampled user's
     ``per_user``-th last training item (the sample from the holdout artifact's own config, so a holdout
     model from any release is read right)."""
-    keep = holdout_users(data, per_user)
+    keep = holdout_users(data, per_user, split)
     train = holdout.config.train
     rows = evaluation_rows(len(keep), train.eval_users, train.seed)
     users = keep[rows]
-    return data.split().train.offsets[users + 1] - per_user
+    return training_sequences(data, split).offsets[users + 1] - per_user
 
 
 def without_early_stop_targets(start: np.ndarray, target_pos: np.ndarray,

@@ -31,7 +31,7 @@ from common.atomic import sync, sync_tree, write_json
 from common.errors import SeqrecError
 from common.folders import refuse_seqrec_folder
 from offline.jobs.budget import check_budget
-from offline.jobs.pipeline_config import PipelineConfig, load_pipeline_config
+from offline.jobs.pipeline_config import PipelineConfig, load_pipeline_config, temporal_protocol, with_split
 from offline.jobs.pipeline_plan import PLAN, RunPlan, plan_run, stage_eta
 from offline.jobs.pipeline_runs import Run, StageRecord, drop_stale_runs, new_run, resume_run
 from offline.jobs.versions import CURRENT, VERSIONS, pipeline_lock, prune_versions, switch_current
@@ -74,10 +74,11 @@ def check_artifacts_folder(artifacts: Path) -> None:
 
 def run_pipeline(config_path: Path, artifacts: Path, *, resume: bool = False, keep: int | None = None,
                  threads: int | None = None, warm_start: bool = False,
-                 budget_minutes: float | None = None) -> PipelineSummary:
+                 budget_minutes: float | None = None, split: dict[str, str] | None = None) -> PipelineSummary:
     """Run every stage not yet finished; returns the summary (stage times, metrics, published version).
-    ``budget_minutes`` (or the config's): plan the stages to publish within it (offline/jobs/budget.py)."""
-    config = load_pipeline_config(config_path)
+    ``budget_minutes`` (or the config's): plan the stages to publish within it (offline/jobs/budget.py).
+    ``split``: the command line's protocol and cuts over the config's ``split:`` section (`with_split`)."""
+    config = with_split(load_pipeline_config(config_path), split or {})
     if keep is not None:
         config = config.model_copy(update={"keep": keep})
     if warm_start:
@@ -131,9 +132,19 @@ def _prepare(run: Run, config: PipelineConfig, threads: int | None) -> dict[str,
     manifest = prepare_dataset(d.dataset, run.data, options, Filters(d.min_user_interactions, d.k_core, d.min_rating),
                                download=d.download, overwrite=True)
     require_clock(run.data, manifest, config.ranker.features)  # now, not after the retriever has trained
+    protocol = temporal_protocol(config)
+    split = {} if protocol is None else {"split": _temporal_split(run, config).record()}  # refused here, not later
     added = take_added_items(run.folder.parent.parent, run.data)  # ARTIFACTS/work/<run>
     return {"users": manifest["users"], "items": manifest["items"], "interactions": manifest["interactions"],
-            "repeat_targets": manifest["repeat_targets"], **added}
+            "repeat_targets": manifest["repeat_targets"], **split, **added}
+
+
+def _temporal_split(run: Run, config: PipelineConfig) -> Any:
+    """The run's temporal split (None under leave-one-out): what the mining, ranker and evaluation stages use."""
+    from offline.data.prepared import load_prepared
+
+    protocol = temporal_protocol(config)
+    return None if protocol is None else protocol.split_data(load_prepared(run.data))
 
 
 def _stored_plan(run: Run) -> RunPlan | None:
@@ -166,19 +177,21 @@ def _train(run: Run, config: PipelineConfig, values: dict[str, Any]) -> dict[str
         from offline.tune.study import tuned_config
 
         base = retriever_config.model_dump(mode="json")
-        retriever_config = tuned_config(config.tune, base, load_prepared(run.data), run.folder / "tune")
+        retriever_config = tuned_config(config.tune, base, load_prepared(run.data), run.folder / "tune",
+                                        temporal=temporal_protocol(config))
     resume = (run.bundle / "run" / "last.pt").exists()
     if (run.bundle / "manifest.json").exists():  # killed after the artifact was written: nothing left to do
         manifest = read_manifest(run.bundle)
     else:
         try:
             manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, resume=resume,
-                                       init_from=init_from)
+                                       init_from=init_from, temporal=temporal_protocol(config))
         except CheckpointMismatch as err:  # refused for good: every --resume would pick this run and fail again
             log.warning("%s; training this run from scratch", err)
             shutil.rmtree(run.bundle / "run")
             resume = False
-            manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, init_from=init_from)
+            manifest = train_retriever(retriever_config, load_prepared(run.data), run.bundle, init_from=init_from,
+                                       temporal=temporal_protocol(config))
     return {"version": manifest.version, "resumed": resume, "repeats": manifest.repeats,
             "warm_start_from": None if init_from is None else str(init_from),
             "valid_ndcg@10": manifest.metrics["valid"]["NDCG@10"],
@@ -203,7 +216,7 @@ def _mine(run: Run, config: PipelineConfig, threads: int | None) -> dict[str, An
 
     shutil.rmtree(run.mined, ignore_errors=True)  # a killed mine leaves a partial folder
     artifact = load_artifact(run.bundle)
-    _, info, _ = mine_to(run.mined, artifact, load_prepared(run.data), config.ranker)
+    _, info, _ = mine_to(run.mined, artifact, load_prepared(run.data), config.ranker, _temporal_split(run, config))
     return {"recall": info.get(f"recall@{config.ranker.depth}")}
 
 
@@ -211,7 +224,8 @@ def _train_ranker(run: Run, config: PipelineConfig, threads: int | None) -> dict
     from offline.data.prepared import load_prepared
     from offline.jobs.rank import train_ranker
 
-    manifest = train_ranker(run.bundle, load_prepared(run.data), config.ranker, mined_dir=run.mined)
+    manifest = train_ranker(run.bundle, load_prepared(run.data), config.ranker, mined_dir=run.mined,
+                            split=_temporal_split(run, config))
     return {"kind": manifest.kind, "selection": manifest.selection}
 
 
@@ -219,13 +233,21 @@ def _evaluate(run: Run, config: PipelineConfig, threads: int | None) -> dict[str
     from offline.data.prepared import load_prepared
     from offline.jobs.evaluate import evaluate_bundle
 
-    result = evaluate_bundle(run.bundle, load_prepared(run.data))
+    protocol = temporal_protocol(config)
+    if protocol is None:
+        result = evaluate_bundle(run.bundle, load_prepared(run.data))
+    else:  # the same served system on the windows (offline/jobs/evaluate_temporal.py)
+        from offline.jobs.evaluate_temporal import evaluate_bundle_temporal
+
+        result = evaluate_bundle_temporal(run.bundle, load_prepared(run.data), protocol)
     keep = {"system": result["stage"], "depth": result["depth"], "repeats": result["repeats"],
             "repeat_targets": result["repeat_targets"]}
     for split in ("valid", "test"):
         keep[split] = result[split]
         if "retriever" in result:
             keep[f"retriever_{split}"] = result["retriever"][split]
+    if protocol is not None:
+        keep.update(protocol=result["protocol"], temporal=result["temporal"])
     return keep
 
 

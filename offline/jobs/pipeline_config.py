@@ -8,15 +8,19 @@ import dataclasses
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from common.errors import SeqrecError, validation_message
+from offline.data.protocols import DEFAULT_TEST_CUT, DEFAULT_VALID_CUT
 from offline.data.readers import READER_OPTIONS, check_dataset
 from offline.tune.section import TuneSection
 from ranker.config import RankerSection
 from retriever.config import read_yaml
+
+if TYPE_CHECKING:
+    from offline.data.temporal import TemporalProtocol
 
 
 class _Strict(BaseModel):
@@ -80,6 +84,26 @@ class DataSpec(_Strict):
         return options
 
 
+class SplitSection(_Strict):
+    """The evaluation protocol the pipeline trains, mines, selects and evaluates under (docs/temporal.md)."""
+
+    protocol: Literal["loo", "temporal"] = Field("loo", description="loo: leave-one-out (the default); temporal: "
+                                                 "one validation and one test cut in time for every user")
+    valid_cut: str = Field(DEFAULT_VALID_CUT, description="temporal: the validation cut, a quantile of the "
+                           "interaction times in (0, 1) or an ISO date")
+    test_cut: str = Field(DEFAULT_TEST_CUT, description="temporal: the test cut, a quantile or an ISO date")
+
+    @field_validator("valid_cut", "test_cut", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:  # YAML reads 0.8 as a number; the cut is kept as given, as the CLI's
+        return str(value) if isinstance(value, int | float) else value
+
+    def temporal(self) -> TemporalProtocol | None:
+        from offline.data.temporal import TemporalProtocol
+
+        return TemporalProtocol(self.valid_cut, self.test_cut) if self.protocol == "temporal" else None
+
+
 class PipelineConfig(_Strict):
     name: str = Field(description="names the published versions")
     data: DataSpec
@@ -90,6 +114,8 @@ class PipelineConfig(_Strict):
     index: Literal["auto", "flat", "hnsw", "ivf"] = Field("auto", description="the FAISS index (auto: exact up to "
                                                           "200K items, HNSW beyond)")
     ranker: RankerSection = Field(default_factory=RankerSection)
+    split: SplitSection | None = Field(None, description="the evaluation protocol (none: leave-one-out); "
+                                       "`seqrec pipeline --protocol/--valid-cut/--test-cut` override it")
     budget_minutes: float | None = Field(
         None, description="publish within this many minutes (plus 10 %): the stages are planned from a probe of "
         "the retriever's costs, and what does not fit shrinks (offline/jobs/budget.py)")
@@ -105,6 +131,25 @@ class PipelineConfig(_Strict):
             raise ValueError(f"{name!r} names folders: use letters, digits, '.', '_' and '-', starting with a "
                              "letter or digit")
         return name
+
+
+def temporal_protocol(config: PipelineConfig) -> TemporalProtocol | None:
+    """The temporal protocol a pipeline runs under, or None for leave-one-out."""
+    return None if config.split is None else config.split.temporal()
+
+
+def with_split(config: PipelineConfig, given: dict[str, str]) -> PipelineConfig:
+    """``config`` with the command line's --protocol, --valid-cut and --test-cut (``given``: those passed) over
+    its ``split:`` section; a cut under leave-one-out is refused (it would be ignored)."""
+    if not given:
+        return config
+    merged = {**({} if config.split is None else config.split.model_dump()), **given}
+    if merged.get("protocol", "loo") != "temporal":
+        cuts = [f"--{key.replace('_', '-')}" for key in ("valid_cut", "test_cut") if key in given]
+        if cuts:
+            raise SeqrecError(f"{', '.join(cuts)} applies to --protocol temporal, not to leave-one-out")
+        return config.model_copy(update={"split": None})
+    return config.model_copy(update={"split": SplitSection.model_validate(merged)})
 
 
 def load_pipeline_config(path: Path) -> PipelineConfig:

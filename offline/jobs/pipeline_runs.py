@@ -46,7 +46,7 @@ class RunState(BaseModel):
     """ARTIFACTS/work/<run>/state.json: the config a run was started with and its finished stages."""
 
     config_path: str
-    config: dict[str, Any]  # PipelineConfig.model_dump(mode="json"): what --resume matches on (`pipeline_identity`)
+    config: dict[str, Any]  # `config_record`: what --resume matches on (`pipeline_identity`)
     started_at: str
     stages: dict[str, StageRecord] = {}
     inputs: dict[str, Any] | None = None  # `run_inputs`, matched by --resume too (None: a run from before it)
@@ -81,11 +81,17 @@ class Run:
         write_json(self.folder / STATE, self.state.model_dump())  # default=str: a stage may report any value
 
 
+def config_record(config: PipelineConfig) -> dict[str, Any]:
+    """The config as state.json and pipeline.json record it; without ``split`` under leave-one-out's default (as
+    every run from before the section has it)."""
+    return config.model_dump(mode="json", exclude={"split"} if config.split is None else None)
+
+
 def new_run(artifacts: Path, config: PipelineConfig, config_path: Path) -> Run:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     folder = artifacts / WORK / f"{stamp}-{config.name}"
     folder.mkdir(parents=True, exist_ok=False)
-    run = Run(folder, RunState(config_path=str(config_path), config=config.model_dump(mode="json"),
+    run = Run(folder, RunState(config_path=str(config_path), config=config_record(config),
                                started_at=stamp, inputs=run_inputs(config, artifacts)))
     run.save()
     return run
@@ -129,7 +135,7 @@ def resume_run(artifacts: Path, config: PipelineConfig) -> Run | None:
     """The newest unpublished run of this config (`pipeline_identity`) and these inputs (`run_inputs`), if any."""
     runs = sorted((artifacts / WORK).glob("*/" + STATE)) if (artifacts / WORK).is_dir() else []
     inputs = json.loads(json.dumps(run_inputs(config, artifacts)))  # as state.json reads back: lists, not tuples
-    current = config.model_dump(mode="json")
+    current = config_record(config)
     for state_file in reversed(runs):
         state = RunState.model_validate_json(state_file.read_text())
         if pipeline_identity(state.config) != pipeline_identity(current) or "publish" in state.stages:

@@ -3,6 +3,12 @@
 Training groups come from training positions only (`ranker.mining.training_groups` on the
 split's training sequences); the validation target's group selects the ranker's epoch or
 boosting round; the test target's group is scored once, for the report.
+
+Every function takes the split it mines and trains on: leave-one-out's (``data.split()``, the default) or the
+temporal protocol's (`offline.data.temporal.TemporalSplit`: training positions before the validation cut, the
+validation and test groups the windows' warm users with their next item after the cut). Under the temporal
+protocol the ranker's record holds its validation figures only: the test window is read once, by the two-stage
+evaluation of the bundle (`offline.jobs.evaluate.evaluate_bundle`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from common.errors import SeqrecError
 from common.metrics import ndcg_at
 from offline.data.prepared import PreparedDataset
 from offline.data.split import LeaveOneOut
+from offline.data.temporal import TemporalSplit
 from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.evaluation.retriever import check_catalogue
 from offline.jobs.holdout import (
@@ -58,13 +65,32 @@ SPLITS = ("train", "valid", "test")
 RANKER_NAMES = {"mlp": "MLP", "lgbm": "LightGBM"}  # as messages name them
 
 
-def split_sources(split: LeaveOneOut) -> dict[str, np.ndarray]:
+AnySplit = LeaveOneOut | TemporalSplit
+
+
+def split_sources(split: AnySplit) -> dict[str, np.ndarray]:
     """The flat item array each split's histories are slices of."""
     return {"train": split.train.items, "valid": split.train.items, "test": split.inputs("test").items}
 
 
+def split_plans(split: AnySplit) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """{"valid", "test"}: (items, start, end, target) of the groups each evaluated split asks for, the history of
+    group g being items[start[g]:end[g]]. Leave-one-out: every user (the validation history is the training row,
+    the test one all but the last item). Temporal: the window's warm users, in its order (the validation history is
+    the user's training row, all before the validation cut; the test one everything before the test cut)."""
+    if isinstance(split, TemporalSplit):
+        users, test = split.valid.users, split.test.inputs
+        return {"valid": (split.train.items, split.train.offsets[users], split.train.offsets[users + 1],
+                          split.valid.targets),
+                "test": (test.items, test.offsets[:-1], test.offsets[1:], split.test.targets)}
+    test_inputs = split.inputs("test")
+    return {"valid": (split.train.items, split.train.offsets[:-1], split.train.offsets[1:], split.valid_targets),
+            "test": (test_inputs.items, test_inputs.offsets[:-1], test_inputs.offsets[1:], split.test_targets)}
+
+
 def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: RankerConfig | None = None, *,
-                batch_size: int = 512, holdout: RetrieverArtifact | None = None) -> dict[str, Mined]:
+                batch_size: int = 512, holdout: RetrieverArtifact | None = None,
+                split: AnySplit | None = None) -> dict[str, Mined]:
     """Groups for train (from ``holdout`` when given: each user's last ``config.holdout_per_user`` training
     targets, less those the holdout retriever early-stopped on), valid, test."""
     config = config or RankerConfig()
@@ -76,18 +102,16 @@ def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: Rank
     if depth > MAX_DEPTH:
         raise SeqrecError(f"--depth must be at most {MAX_DEPTH} (the most a request's `candidates` may be), got "
                           f"{depth}")
-    split = data.split()
+    split = split or data.split()
     train_start, train_target_pos = training_groups(split.train.offsets, _per_user(config, holdout))
     if holdout is not None:
         train_start, train_target_pos = without_early_stop_targets(train_start, train_target_pos,
                                                                    early_stop_positions(data, holdout,
-                                                                                        config.holdout_per_user))
-    test_inputs = split.inputs("test")
-    plans = {
-        "train": (split.train.items, train_start, train_target_pos, split.train.items[train_target_pos]),
-        "valid": (split.train.items, split.train.offsets[:-1], split.train.offsets[1:], split.valid_targets),
-        "test": (test_inputs.items, test_inputs.offsets[:-1], test_inputs.offsets[1:], split.test_targets),
-    }
+                                                                                        config.holdout_per_user, split))
+    plans = {"train": (split.train.items, train_start, train_target_pos, split.train.items[train_target_pos]),
+             **split_plans(split)}
+    if isinstance(split, TemporalSplit):  # the test window is read once, by the bundle's evaluation
+        del plans["test"]
     encode = _encoder(artifact)  # each retriever's encoder compiled once
     train_miner, train_encode = (artifact, encode) if holdout is None else (holdout, _encoder(holdout))
     out = {}
@@ -153,24 +177,28 @@ def load_mined(folder: Path, artifact: RetrieverArtifact) -> tuple[dict[str, Min
         holdout = load_artifact(inner)
         if holdout.manifest.version != info.get("holdout_version"):
             raise SeqrecError(f"{inner} is not the holdout retriever these groups were mined with")
-    return {name: Mined.load(folder / f"{name}.npz") for name in SPLITS}, info, holdout
+    # a temporal mining holds no test groups: its test window is read by the bundle's evaluation only
+    return ({name: Mined.load(folder / f"{name}.npz") for name in SPLITS
+             if name != "test" or (folder / f"{name}.npz").exists()}, info, holdout)
 
 
-def mine_to(folder: Path, artifact: RetrieverArtifact, data: PreparedDataset,
-            config: RankerConfig) -> tuple[dict[str, Mined], dict[str, Any], RetrieverArtifact | None]:
+def mine_to(folder: Path, artifact: RetrieverArtifact, data: PreparedDataset, config: RankerConfig,
+            split: AnySplit | None = None) -> tuple[dict[str, Mined], dict[str, Any], RetrieverArtifact | None]:
     """Mine into ``folder`` (training the holdout retriever under it first, when the config asks)."""
     miner = None
     if config.holdout:
         miner = train_holdout_retriever(artifact.config, artifact.manifest.repeats, data,
-                                        folder / holdout_folder(config.holdout_per_user), config.holdout_per_user)
-    mined = mine_splits(artifact, data, config, holdout=miner)
+                                        folder / holdout_folder(config.holdout_per_user), config.holdout_per_user,
+                                        split)
+    mined = mine_splits(artifact, data, config, holdout=miner, split=split)
     return mined, save_mined(mined, folder, artifact, config, miner), miner
 
 
-def bundle_source(bundle: Path, data: PreparedDataset) -> tuple[RetrieverArtifact, FeatureSource]:
+def bundle_source(bundle: Path, data: PreparedDataset,
+                  split: AnySplit | None = None) -> tuple[RetrieverArtifact, FeatureSource]:
     artifact = load_artifact(bundle)
     check_catalogue(artifact, data)
-    return artifact, FeatureSource(item_tables(data, data.split()).torch(),
+    return artifact, FeatureSource(item_tables(data, split or data.split()).torch(),
                                    unit_item_vectors(artifact.model.item_vectors().detach()))
 
 
@@ -184,21 +212,25 @@ def default_mining_dir(bundle: Path) -> Path:
 
 def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | None = None, *,
                  mined_dir: Path | None = None, mlp: dict[str, Any] | None = None,
-                 lgbm: dict[str, Any] | None = None) -> RankerManifest:
+                 lgbm: dict[str, Any] | None = None, split: AnySplit | None = None) -> RankerManifest:
     """Mine (or reuse ``mined_dir``), fit the ranker, evaluate it, write BUNDLE/ranker/.
 
     Holdout mining (the default): the training groups come from a retriever that never trained
     on them (`train_holdout_retriever`), kept in ``mined_dir`` (default BUNDLE.mining beside
     the bundle) and reused. Kind "auto" trains both rankers and keeps the one with the
     higher validation NDCG@10; the test split plays no part in the choice.
+    split: the protocol's (leave-one-out's by default); under the temporal protocol the ranker's figures are its
+    validation window's only.
     """
     started = time.perf_counter()
     config = checked_config(config or RankerConfig())
-    artifact, source = bundle_source(bundle, data)
-    mined, miner = _mined_groups(bundle, artifact, data, config, mined_dir)
-    saved = extra_tables(data, config)
-    groups, source, train_source = _ranker_inputs(artifact, data, mined, miner, config, source, saved)
-    check_targets(groups, split_sources(data.split()), artifact.manifest.repeats, data.n_items)
+    split = split or data.split()
+    artifact, source = bundle_source(bundle, data, split)
+    mined, miner = _mined_groups(bundle, artifact, data, config, mined_dir, split)
+    saved = extra_tables(data, config, split)
+    groups, source, train_source = _ranker_inputs(artifact, data, mined, miner, config, source, saved, split)
+    check_targets(groups, split_sources(split), artifact.manifest.repeats, data.n_items)
+    reported = ("valid",) if isinstance(split, TemporalSplit) else ("valid", "test")
     fitted: dict[str, tuple[Ranker, list[dict[str, Any]], float]] = {}
     served: dict[str, Any] = {}
     selection: dict[str, float] = {}
@@ -222,10 +254,11 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
         raise SeqrecError("; ".join(diverged.values()))
     chosen = max(selection, key=lambda name: selection[name])
     ranker, history, fit_seconds = fitted[chosen]
-    metrics = _two_stage_metrics(served[chosen], source, groups, data.n_items, kind=chosen)
+    metrics = _two_stage_metrics(served[chosen], source, groups, data.n_items, kind=chosen, splits=reported)
     if chosen == "mlp":
-        masked = _two_stage_metrics(served[chosen], source, groups, data.n_items, mask_ids=True, kind=chosen)
-        metrics["ids_masked"] = {s: masked[s] for s in ("valid", "test")}
+        masked = _two_stage_metrics(served[chosen], source, groups, data.n_items, mask_ids=True, kind=chosen,
+                                    splits=reported)
+        metrics["ids_masked"] = {s: masked[s] for s in reported}
     extra = {
         "mining": mining_record(mined, config, miner, artifact.manifest.repeats),
         "selection": {"requested": config.kind, "chosen": chosen,
@@ -236,7 +269,7 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
         "dataset": {"path": str(data.path), "sha256": data.manifest.get("sha256", {})},
         **sources_record(config, groups),
     }
-    return write_ranker(bundle, ranker, item_tables(data, data.split()), retriever_manifest=artifact.manifest,
+    return write_ranker(bundle, ranker, item_tables(data, split), retriever_manifest=artifact.manifest,
                         metrics=metrics, extra=extra, saved_tables=saved, extra_features=config.features)
 
 
@@ -282,7 +315,7 @@ def sources_record(config: RankerConfig, groups: dict[str, Groups]) -> dict[str,
 
 
 def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDataset, config: RankerConfig,
-                  mined_dir: Path | None) -> tuple[dict[str, Mined], RetrieverArtifact | None]:
+                  mined_dir: Path | None, split: AnySplit) -> tuple[dict[str, Mined], RetrieverArtifact | None]:
     """The groups of ``mined_dir`` when it holds some (mined the way the config asks), else fresh ones."""
     if config.holdout and mined_dir is None:
         mined_dir = default_mining_dir(bundle)
@@ -300,21 +333,21 @@ def _mined_groups(bundle: Path, artifact: RetrieverArtifact, data: PreparedDatas
         if miner is not None:  # folders mined before the early-stopping rule still hold those targets
             train = mined["train"]
             kept, _ = without_early_stop_targets(np.arange(len(train)), train.end,
-                                                 early_stop_positions(data, miner, config.holdout_per_user))
+                                                 early_stop_positions(data, miner, config.holdout_per_user, split))
             if len(kept) < len(train):
                 log.warning("%s: left out %d training groups whose target early-stopped the holdout retriever",
                             mined_dir, len(train) - len(kept))
                 mined = {**mined, "train": train.subset(kept)}
         return mined, miner
     if mined_dir is not None:
-        mined, _, miner = mine_to(mined_dir, artifact, data, config)
+        mined, _, miner = mine_to(mined_dir, artifact, data, config, split)
         return mined, miner
-    return mine_splits(artifact, data, config), None
+    return mine_splits(artifact, data, config, split=split), None
 
 
 def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: dict[str, Mined],
                    miner: RetrieverArtifact | None, config: RankerConfig, source: FeatureSource,
-                   saved: dict[str, Any]) -> tuple[dict[str, Groups], FeatureSource, FeatureSource]:
+                   saved: dict[str, Any], split: AnySplit) -> tuple[dict[str, Groups], FeatureSource, FeatureSource]:
     """Every split's groups (merged with the co-occurrence source's list when the config asks), the
     feature source of the validation and test groups, and that of the training groups. saved: the tables the
     config's sources and features read (`offline.jobs.tables.extra_tables`), from every training position.
@@ -323,7 +356,6 @@ def _ranker_inputs(artifact: RetrieverArtifact, data: PreparedDataset, mined: di
     statistics come from training positions without each user's last per_user (2 with holdout)
     items, and with holdout mining the vectors are those of the model that ranked the group.
     """
-    split = data.split()
     sources = split_sources(split)
     drop = _per_user(config, miner)
     train_saved = extra_tables(data, config, split, drop_last=drop)
@@ -375,11 +407,12 @@ def _fit(name: str, artifact: RetrieverArtifact, data: PreparedDataset, source: 
 
 
 def _two_stage_metrics(scorer: Any, source: FeatureSource, groups: dict[str, Groups], n_items: int, *,
-                       kind: str, mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS) -> dict[str, Any]:
+                       kind: str, mask_ids: bool = False, ks: tuple[int, ...] = EVAL_KS,
+                       splits: tuple[str, ...] = ("valid", "test")) -> dict[str, Any]:
     depth = groups["valid"].mined.depth
     usable = tuple(k for k in ks if k <= depth)
     out: dict[str, Any] = {}
-    for name in ("valid", "test"):
+    for name in splits:
         try:
             ranks = group_ranks(scorer, source, groups[name], n_items, mask_ids=mask_ids, desc=f"rerank {name}")
         except UnrankableScores:

@@ -17,6 +17,7 @@ from offline.data.features import item_feature_matrix
 from offline.data.prepared import PreparedDataset
 from offline.data.sequences import Sequences
 from offline.data.split import LeaveOneOut
+from offline.data.temporal import TemporalSplit
 from ranker.config import RankerConfig
 from ranker.cooc import CoocTable
 from ranker.groups import Extras, request_time, requiring, table_kind, tables_for
@@ -28,7 +29,7 @@ from ranker.train import FeatureSource
 META_COLUMNS = ("genres", "attributes")
 
 
-def item_tables(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> ItemTables:
+def item_tables(data: PreparedDataset, split: LeaveOneOut | TemporalSplit, drop_last: int = 0) -> ItemTables:
     """Popularity, known flags and "follows" counts from training positions (without each user's
     last ``drop_last`` training items); metadata and years from the catalogue."""
     columns = data.items.column_names
@@ -41,13 +42,13 @@ def item_tables(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -
     return ItemTables.build(train.offsets, train.items, data.n_items, meta, years)
 
 
-def cooc_table(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> CoocTable:
+def cooc_table(data: PreparedDataset, split: LeaveOneOut | TemporalSplit, drop_last: int = 0) -> CoocTable:
     """The co-occurrence source's table from training positions (without each user's last ``drop_last``)."""
     train = _training_positions(split, drop_last)
     return CoocTable.build(train.offsets, train.items, data.n_items)
 
 
-def time_table(data: PreparedDataset, split: LeaveOneOut, drop_last: int = 0) -> TimeTable:
+def time_table(data: PreparedDataset, split: LeaveOneOut | TemporalSplit, drop_last: int = 0) -> TimeTable:
     """The request-time features' table (`ranker.times`) from training positions (without each user's last
     ``drop_last``)."""
     if not has_clock(data):
@@ -74,10 +75,17 @@ def require_clock(path: Path, manifest: dict[str, Any], features: tuple[str, ...
                           f"({', '.join(timed)}) need them")
 
 
-def request_times(split: LeaveOneOut, name: str, mined: Mined) -> tuple[np.ndarray, np.ndarray]:
+def request_times(split: LeaveOneOut | TemporalSplit, name: str, mined: Mined) -> tuple[np.ndarray, np.ndarray]:
     """(G,) each group's request time, its target's timestamp (a training target's, or the user's validation or
     test target's: the time a served request for that prediction is made), and (G,) the time of the newest
-    item of its history."""
+    item of its history. Under the temporal protocol the validation and test groups are its window's warm users,
+    in the window's order, and the target is each one's next item at or after the cut."""
+    if isinstance(split, TemporalSplit) and name != "train":
+        window = split.window(name)  # type: ignore[arg-type]
+        source = split.train if name == "valid" else window.inputs
+        assert window.horizon.timestamps is not None and source.timestamps is not None
+        return (np.asarray(window.horizon.timestamps[window.horizon.offsets[:-1]], dtype=np.float64),
+                np.asarray(source.timestamps[mined.end - 1], dtype=np.float64))
     full = split.full
     inputs = split.train if name in ("train", "valid") else split.inputs("test")
     assert full.timestamps is not None
@@ -90,7 +98,7 @@ def request_times(split: LeaveOneOut, name: str, mined: Mined) -> tuple[np.ndarr
     return np.asarray(full.timestamps[full.offsets[user + 1] - back], dtype=np.float64), last_event
 
 
-def _training_positions(split: LeaveOneOut, drop_last: int) -> Sequences:
+def _training_positions(split: LeaveOneOut | TemporalSplit, drop_last: int) -> Sequences:
     """The split's training sequences (with their timestamps), less each user's last ``drop_last`` items."""
     train = split.train
     if not drop_last:
@@ -102,7 +110,7 @@ def _training_positions(split: LeaveOneOut, drop_last: int) -> Sequences:
     return Sequences(offsets, train.items[keep], None if train.timestamps is None else train.timestamps[keep])
 
 
-def extra_tables(data: PreparedDataset, config: RankerConfig, split: LeaveOneOut | None = None,
+def extra_tables(data: PreparedDataset, config: RankerConfig, split: LeaveOneOut | TemporalSplit | None = None,
                  drop_last: int = 0) -> dict[str, Any]:
     """The tables (by `ranker.groups.TableKind` name) that the config's sources and extra features read, from
     training positions (without each user's last ``drop_last``)."""

@@ -36,7 +36,9 @@ from common.errors import SeqrecError, first_line
 from common.redis_url import redact_url
 from offline.data.features import with_item_features
 from offline.data.prepared import PreparedDataset, dataset_fingerprint
+from offline.data.temporal import TemporalSplit
 from offline.evaluation.retriever import dense_metrics, evaluation_sample
+from offline.jobs.temporal import TemporalProtocol, protocol_repeat_shares, protocol_split, temporal_figures
 from offline.tune.report import write_report
 from offline.tune.section import Clock, TuneSection
 from offline.tune.space import PARAMS, DataShape, fixed_problems, suggest
@@ -128,16 +130,18 @@ def _reporting(validate: Validate, trial: optuna.Trial, eval_every: int, budget:
 class Search:
     """What every trial of one search shares: the data, the base config, the output folder."""
 
-    def __init__(self, base: dict[str, Any], data: PreparedDataset, out: Path, budget: Budget) -> None:
+    def __init__(self, base: dict[str, Any], data: PreparedDataset, out: Path, budget: Budget,
+                 temporal: TemporalProtocol | None = None) -> None:
         self.base, self.data, self.out, self.budget = base, data, out, budget
-        self.split = data.split()
+        self.split = protocol_split(data, temporal)  # temporal: train before the validation cut, score its window
+        self.shares = protocol_repeat_shares(data, self.split)
         self.shape = DataShape.from_lengths(self.split.train.lengths)
 
     def run_dir(self, number: int) -> Path:
         return self.out / "trials" / f"{number:04d}"
 
     def validation(self, config: RunConfig) -> Validate:
-        exclude_seen = resolve_repeats(config.train.repeats, self.data.repeat_shares["valid"]) == "exclude"
+        exclude_seen = resolve_repeats(config.train.repeats, self.shares["valid"]) == "exclude"
         evaluated = evaluation_sample(self.split, config.train.eval_users, config.train.seed)
         n_items, max_len = self.data.n_items, config.max_len(self.data.n_items)
 
@@ -170,8 +174,11 @@ class Search:
         if features is not None:
             model.encoder.set_item_features(features)
         load_weights(self.run_dir(trial.number) / "run" / "best.pt", model)
-        exclude_seen = resolve_repeats(config.train.repeats, self.data.repeat_shares["valid"]) == "exclude"
+        exclude_seen = resolve_repeats(config.train.repeats, self.shares["valid"]) == "exclude"
         evaluated = evaluation_sample(self.split, config.train.eval_users, config.train.seed)
+        if isinstance(evaluated, TemporalSplit):  # the windows' headline, recall over the window, counted apart
+            return temporal_figures(evaluated, model, model, config.max_len(self.data.n_items),
+                                    exclude_seen=exclude_seen, batch_size=config.train.eval_batch_size)
         return dense_metrics(model, evaluated, self.data.n_items, config.max_len(self.data.n_items),
                              ("valid", "test"), config.train.eval_batch_size, exclude_seen=exclude_seen)
 
@@ -246,16 +253,19 @@ def finished(study: optuna.Study) -> int:
 
 
 def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOptions,
-         command: str = "") -> dict[str, Any]:
+         command: str = "", temporal: TemporalProtocol | None = None) -> dict[str, Any]:
     """Search, then score the best trial on test once; writes OUT/{best.yaml,trials.md,trials.csv,history.png,
-    result.json} and returns result.json's content."""
+    result.json} and returns result.json's content. temporal: every trial trains before the validation cut and is
+    scored on the validation window; the best one's test window is read once, after the search."""
     options.check()
     with_features(base, data, "base config")  # a bad base config, or item features the data lacks: before any trial
     budget = Budget(options.budget_minutes, options.clock)
     identity = {"base": base, "data": dataset_fingerprint(data)}
     if options.fixed:  # its trials sampled the pinned values only; studies without pins keep their identity
         identity["fixed"] = options.fixed
-    search = Search(base, data, out, budget)
+    if temporal is not None:  # a study of leave-one-out trials is not continued under the temporal protocol
+        identity["protocol"] = temporal.record()
+    search = Search(base, data, out, budget, temporal)
     if not (search.split.train.lengths >= 2).any():  # else every trial fails with it, five before the search stops
         raise ConfigError(f"{data.path}: no training sequence has two or more items")
     problems = fixed_problems(options.fixed, base, search.shape)
@@ -300,6 +310,7 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
         "budget": {"minutes": options.budget_minutes, "clock": options.clock, **budget.used()},
         "fixed": options.fixed,
         "sampler_seed": options.seed, "data": identity["data"],
+        **({} if temporal is None else {"protocol": temporal.record(), "temporal": metrics["temporal"]}),
     }
     write_report(study, json.loads(best.user_attrs["config"]), result, out)
     return result
@@ -314,7 +325,8 @@ def _fail(study: optuna.Study, trial: optuna.Trial) -> None:
         log.warning("trial %d: could not record it as failed: %s", trial.number, first_line(err))
 
 
-def tuned_config(section: TuneSection, base: dict[str, Any], data: PreparedDataset, out: Path) -> RunConfig:
+def tuned_config(section: TuneSection, base: dict[str, Any], data: PreparedDataset, out: Path,
+                 temporal: TemporalProtocol | None = None) -> RunConfig:
     """The pipeline's retriever config: ``out/best.yaml`` of a finished search, or a search run (or continued) now.
     A search of another config in ``out`` (the run's own folder) cannot be continued: it starts afresh, as the
     run's training does, since every --resume would pick this run and be refused again."""
@@ -323,9 +335,9 @@ def tuned_config(section: TuneSection, base: dict[str, Any], data: PreparedDatas
         options = TuneOptions(trials=section.trials, budget_minutes=section.minutes, clock=section.clock,
                               seed=section.seed, fixed=section.fix, fixed_from="tune.fix")
         try:
-            tune(base, data, out, options, command="seqrec pipeline (tune section)")
+            tune(base, data, out, options, command="seqrec pipeline (tune section)", temporal=temporal)
         except OtherSearch:
             log.warning("%s holds a search of another retriever config; searching afresh", out)
             shutil.rmtree(out)
-            tune(base, data, out, options, command="seqrec pipeline (tune section)")
+            tune(base, data, out, options, command="seqrec pipeline (tune section)", temporal=temporal)
     return load_config(best)
