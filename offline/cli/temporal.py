@@ -1,5 +1,5 @@
-"""The protocol flags that `seqrec prepare`, `train`, `evaluate`, `tune` and `pipeline` share: --protocol, --valid-cut, --test-cut
-and, where a model is fitted, --refit (docs/temporal.md)."""
+"""The protocol flags that `seqrec prepare`, `train`, `evaluate`, `tune` and `pipeline` share: --protocol,
+--valid-cut, --test-cut and, where a model is fitted and then refitted, --refit (docs/temporal.md)."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ def refuse_temporal_retriever(artifact: Path, command: str) -> None:
 
         raise TemporalError(f"{artifact} was trained under the temporal protocol; `seqrec {command}` mines and "
                             "selects on leave-one-out positions, which would reach into its validation and test "
-                            "windows: under the temporal protocol the two-stage path runs as `seqrec pipeline --protocol "
-                            "temporal`, which mines and selects before the validation cut (docs/temporal.md)")
+                            "windows: under the temporal protocol the two-stage path runs as `seqrec pipeline "
+                            "--protocol temporal`, mining and selecting before the validation cut (docs/temporal.md)")
 
 
 def _temporal_record(artifact: Path) -> dict[str, Any] | None:

@@ -83,7 +83,8 @@ def request_times(split: LeaveOneOut | TemporalSplit, name: str, mined: Mined) -
     if isinstance(split, TemporalSplit) and name != "train":
         window = split.window(name)  # type: ignore[arg-type]
         source = split.train if name == "valid" else window.inputs
-        assert window.horizon.timestamps is not None and source.timestamps is not None
+        assert window.horizon.timestamps is not None
+        assert source.timestamps is not None
         return (np.asarray(window.horizon.timestamps[window.horizon.offsets[:-1]], dtype=np.float64),
                 np.asarray(source.timestamps[mined.end - 1], dtype=np.float64))
     full = split.full
