@@ -248,9 +248,15 @@ def _evaluate_temporal(args: argparse.Namespace, data: PreparedDataset, temporal
     """`seqrec evaluate --protocol temporal` (offline/evaluation/temporal.py)."""
     from offline.evaluation.temporal import evaluate_artifact_temporal, evaluate_popularity_temporal
 
-    if two_stage:
-        raise SeqrecError("--protocol temporal evaluates a retriever or the popularity baseline; the two-stage "
-                          "path mines and trains its ranker on leave-one-out positions, so add --stage retriever")
+    if two_stage:  # a bundle of `seqrec pipeline --protocol temporal` (offline/jobs/evaluate_temporal.py)
+        from offline.jobs.evaluate_temporal import evaluate_bundle_temporal
+
+        if args.candidates is not None or args.mask_ids or args.refit:
+            raise SeqrecError("--protocol temporal scores a bundle as it was published, at its ranker's depth: "
+                              "drop --candidates, --mask-ids and --refit")
+        result = evaluate_bundle_temporal(args.artifact, data, temporal, ks=ks)
+        print_json({"data": str(args.data), **result})
+        return 0
     if args.artifact is not None:
         if args.refit:
             raise SeqrecError("--refit is a training choice: an artifact records it (`seqrec train --refit`) and "
