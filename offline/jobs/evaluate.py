@@ -19,7 +19,8 @@ from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.evaluation.retriever import repeat_record
 from offline.evaluation.two_stage import Reranked, rerank_groups
 from offline.jobs.mine import merge_groups, mine
-from offline.jobs.rank import AnySplit, bundle_source, split_plans, split_sources
+from offline.jobs.rank import bundle_source
+from offline.jobs.splits import AnySplit, split_plans, split_sources
 from offline.jobs.tables import has_clock, request_times
 from ranker.artifact import RankerArtifact, load_ranker
 from ranker.config import MAX_DEPTH, ranker_default

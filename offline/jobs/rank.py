@@ -26,7 +26,6 @@ from common.atomic import atomic_write
 from common.errors import SeqrecError
 from common.metrics import ndcg_at
 from offline.data.prepared import PreparedDataset
-from offline.data.split import LeaveOneOut
 from offline.data.temporal import TemporalSplit
 from offline.evaluation.evaluate import EVAL_KS, summarize
 from offline.evaluation.retriever import check_catalogue
@@ -37,6 +36,7 @@ from offline.jobs.holdout import (
     without_early_stop_targets,
 )
 from offline.jobs.mine import merge_groups, mine, with_user_vectors
+from offline.jobs.splits import AnySplit, split_plans, split_sources
 from offline.jobs.tables import extra_tables, item_tables, request_times, with_extras
 from ranker.artifact import Ranker, RankerManifest, unit_item_vectors, write_ranker
 from ranker.config import HOLDOUT_PER_USER, MAX_DEPTH, MIN_DEPTH, RankerConfig
@@ -63,29 +63,6 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
 RANKER_NAMES = {"mlp": "MLP", "lgbm": "LightGBM"}  # as messages name them
-
-
-AnySplit = LeaveOneOut | TemporalSplit
-
-
-def split_sources(split: AnySplit) -> dict[str, np.ndarray]:
-    """The flat item array each split's histories are slices of."""
-    return {"train": split.train.items, "valid": split.train.items, "test": split.inputs("test").items}
-
-
-def split_plans(split: AnySplit) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """{"valid", "test"}: (items, start, end, target) of the groups each evaluated split asks for, the history of
-    group g being items[start[g]:end[g]]. Leave-one-out: every user (the validation history is the training row,
-    the test one all but the last item). Temporal: the window's warm users, in its order (the validation history is
-    the user's training row, all before the validation cut; the test one everything before the test cut)."""
-    if isinstance(split, TemporalSplit):
-        users, test = split.valid.users, split.test.inputs
-        return {"valid": (split.train.items, split.train.offsets[users], split.train.offsets[users + 1],
-                          split.valid.targets),
-                "test": (test.items, test.offsets[:-1], test.offsets[1:], split.test.targets)}
-    test_inputs = split.inputs("test")
-    return {"valid": (split.train.items, split.train.offsets[:-1], split.train.offsets[1:], split.valid_targets),
-            "test": (test_inputs.items, test_inputs.offsets[:-1], test_inputs.offsets[1:], split.test_targets)}
 
 
 def mine_splits(artifact: RetrieverArtifact, data: PreparedDataset, config: RankerConfig | None = None, *,
@@ -218,13 +195,11 @@ def train_ranker(bundle: Path, data: PreparedDataset, config: RankerConfig | Non
     Holdout mining (the default): the training groups come from a retriever that never trained
     on them (`train_holdout_retriever`), kept in ``mined_dir`` (default BUNDLE.mining beside
     the bundle) and reused. Kind "auto" trains both rankers and keeps the one with the
-    higher validation NDCG@10; the test split plays no part in the choice.
-    split: the protocol's (leave-one-out's by default); under the temporal protocol the ranker's figures are its
-    validation window's only.
+    higher validation NDCG@10; the test split plays no part in the choice (under the temporal protocol the
+    ranker's figures are its validation window's only).
     """
     started = time.perf_counter()
-    config = checked_config(config or RankerConfig())
-    split = split or data.split()
+    config, split = checked_config(config or RankerConfig()), split or data.split()
     artifact, source = bundle_source(bundle, data, split)
     mined, miner = _mined_groups(bundle, artifact, data, config, mined_dir, split)
     saved = extra_tables(data, config, split)

@@ -36,9 +36,9 @@ from common.errors import SeqrecError, first_line
 from common.redis_url import redact_url
 from offline.data.features import with_item_features
 from offline.data.prepared import PreparedDataset, dataset_fingerprint
-from offline.data.temporal import TemporalSplit
+from offline.data.temporal import TemporalProtocol, TemporalSplit, repeat_shares
 from offline.evaluation.retriever import dense_metrics, evaluation_sample
-from offline.jobs.temporal import TemporalProtocol, protocol_repeat_shares, protocol_split, temporal_figures
+from offline.evaluation.temporal import retriever_ranks, temporal_metrics
 from offline.tune.report import write_report
 from offline.tune.section import Clock, TuneSection
 from offline.tune.space import PARAMS, DataShape, fixed_problems, suggest
@@ -133,8 +133,9 @@ class Search:
     def __init__(self, base: dict[str, Any], data: PreparedDataset, out: Path, budget: Budget,
                  temporal: TemporalProtocol | None = None) -> None:
         self.base, self.data, self.out, self.budget = base, data, out, budget
-        self.split = protocol_split(data, temporal)  # temporal: train before the validation cut, score its window
-        self.shares = protocol_repeat_shares(data, self.split)
+        # temporal: train before the validation cut, score its window
+        self.split = data.split() if temporal is None else temporal.split_data(data)
+        self.shares = data.repeat_shares if temporal is None else repeat_shares(self.split)  # type: ignore[arg-type]
         self.shape = DataShape.from_lengths(self.split.train.lengths)
 
     def run_dir(self, number: int) -> Path:
@@ -177,8 +178,9 @@ class Search:
         exclude_seen = resolve_repeats(config.train.repeats, self.shares["valid"]) == "exclude"
         evaluated = evaluation_sample(self.split, config.train.eval_users, config.train.seed)
         if isinstance(evaluated, TemporalSplit):  # the windows' headline, recall over the window, counted apart
-            return temporal_figures(evaluated, model, model, config.max_len(self.data.n_items),
-                                    exclude_seen=exclude_seen, batch_size=config.train.eval_batch_size)
+            ranks = retriever_ranks(model, config.max_len(self.data.n_items), exclude_seen=exclude_seen,
+                                    batch_size=config.train.eval_batch_size)
+            return temporal_metrics(evaluated, ranks)
         return dense_metrics(model, evaluated, self.data.n_items, config.max_len(self.data.n_items),
                              ("valid", "test"), config.train.eval_batch_size, exclude_seen=exclude_seen)
 
@@ -263,8 +265,7 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
     identity = {"base": base, "data": dataset_fingerprint(data)}
     if options.fixed:  # its trials sampled the pinned values only; studies without pins keep their identity
         identity["fixed"] = options.fixed
-    if temporal is not None:  # a study of leave-one-out trials is not continued under the temporal protocol
-        identity["protocol"] = temporal.record()
+    identity.update({} if temporal is None else {"protocol": temporal.record()})  # a study is bound to its protocol
     search = Search(base, data, out, budget, temporal)
     if not (search.split.train.lengths >= 2).any():  # else every trial fails with it, five before the search stops
         raise ConfigError(f"{data.path}: no training sequence has two or more items")
@@ -310,8 +311,7 @@ def tune(base: dict[str, Any], data: PreparedDataset, out: Path, options: TuneOp
         "budget": {"minutes": options.budget_minutes, "clock": options.clock, **budget.used()},
         "fixed": options.fixed,
         "sampler_seed": options.seed, "data": identity["data"],
-        **({} if temporal is None else {"protocol": temporal.record(), "temporal": metrics["temporal"]}),
-    }
+        **({} if temporal is None else {"protocol": temporal.record(), "temporal": metrics["temporal"]})}
     write_report(study, json.loads(best.user_attrs["config"]), result, out)
     return result
 

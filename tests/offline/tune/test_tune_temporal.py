@@ -11,7 +11,6 @@ import pytest
 from offline.cli import main
 from offline.data.prepared import load_prepared
 from offline.data.temporal import temporal_split
-from offline.jobs import temporal as temporal_jobs
 from offline.tune import study
 from tests.offline.tune.test_tune import BASE, PINS
 
@@ -21,13 +20,13 @@ def test_trials_are_scored_on_the_validation_window(tmp_path: Path, monkeypatch:
     assert main(["prepare", "--dataset", "synthetic", "--n-users", "150", "--n-items", "60", "--mean-length", "12",
                  "--seed", "1", "--out", str(data), "--protocol", "temporal", "-q"]) == 0
     finals: list[int] = []
-    real = temporal_jobs.temporal_figures
+    real = study.temporal_metrics
 
     def figures(*args, **kwargs):  # type: ignore[no-untyped-def]
         finals.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(study, "temporal_figures", figures)
+    monkeypatch.setattr(study, "temporal_metrics", figures)
     out = tmp_path / "tuned"
     assert main(["tune", "--data", str(data), "--out", str(out), "--trials", "1", "--protocol", "temporal",
                  *PINS, *BASE]) == 0
