@@ -91,7 +91,8 @@ def test_the_test_window_is_retrieved_and_scored_once(published: dict[str, Any])
     assert "mine test" not in published["retrieved"]
 
 
-def test_the_published_record_is_what_the_served_system_gives(published: dict[str, Any]) -> None:
+def test_the_published_record_is_what_the_served_system_gives(published: dict[str, Any],
+                                                              capsys: pytest.CaptureFixture) -> None:
     bundle = Path(published["summary"].path)
     evaluated = published["summary"].evaluation
     assert evaluated["system"] == "two-stage"
@@ -104,9 +105,15 @@ def test_the_published_record_is_what_the_served_system_gives(published: dict[st
     assert again["valid"] == evaluated["valid"]
     assert again["temporal"]["test"]["window_recall"] == test["window_recall"]
     assert evaluated["temporal"]["valid"]["users"] == len(published["mined"][0]["valid"])
+    data = _prepared_again(published["artifacts"]).path
+    capsys.readouterr()
+    assert main(["evaluate", "--artifact", str(bundle), "--data", str(data), "--protocol", "temporal", "-q"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["stage"] == "two-stage"
+    assert printed["test"] == evaluated["test"]
 
 
-def test_holdout_and_direct_mining_train_the_same_rows_period(tmp_path: Path) -> None:
+def test_direct_mining_under_the_config_split_section(tmp_path: Path) -> None:
     summary = run_pipeline(_config(tmp_path, mining="direct", split={"protocol": "temporal", "valid_cut": 0.8}),
                            tmp_path / "artifacts", threads=1)
     record = json.loads((Path(summary.path) / "ranker" / "manifest.json").read_text())
