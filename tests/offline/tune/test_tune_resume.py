@@ -91,7 +91,8 @@ def test_a_pipelines_search_of_another_config_starts_afresh(tmp_path: Path, monk
     (out / "trials" / "0000").mkdir(parents=True)
     calls: list[bool] = []
 
-    def search(base: dict, data: object, folder: Path, options: TuneOptions, command: str) -> None:
+    def search(base: dict, data: object, folder: Path, options: TuneOptions, command: str,
+               temporal: object = None) -> None:
         calls.append((folder / "trials").exists())
         if len(calls) == 1:
             raise study_module.OtherSearch("holds a search of another config or dataset")
