@@ -110,10 +110,12 @@ def ranking(runs: list[dict[str, Any]], protocol: str) -> dict[str, dict[str, An
 
 
 def ranked(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``summary`` with each model's "rank" by its test mean (1 = best; equal means keep the order given)."""
-    for place, model in enumerate(sorted(summary, key=lambda m: -summary[m]["test"]), start=1):
-        summary[model]["rank"] = place
-    return summary
+    """``summary`` with each model's "rank" by its test mean: 1 + how many models are ahead, so equal means share
+    a rank (1, 2, 3, 3); the models in that order (ties in the order given)."""
+    order = sorted(summary, key=lambda m: -summary[m]["test"])
+    for model in order:
+        summary[model]["rank"] = 1 + sum(summary[other]["test"] > summary[model]["test"] for other in summary)
+    return {model: summary[model] for model in order}
 
 
 MERGED_KEYS = ("valid", "test", "test_std", "seeds")
@@ -156,7 +158,8 @@ def side_by_side(rankings: dict[str, dict[str, dict[str, Any]]]) -> str:
         loo, temporal = rankings["loo"].get(model), rankings["temporal"].get(model)
         return (loo["rank"] if loo else len(rankings["loo"]) + 1, temporal["rank"] if temporal else 0)
 
-    models = sorted({*rankings["loo"], *rankings["temporal"]}, key=place)
+    listed = [*rankings["loo"], *(m for m in rankings["temporal"] if m not in rankings["loo"])]
+    models = sorted(listed, key=place)  # stable: models of one rank keep the rankings' order
     rows = [[model, cell(rankings["loo"].get(model), "test"), cell(rankings["loo"].get(model), "rank"),
              cell(rankings["temporal"].get(model), "test"), cell(rankings["temporal"].get(model), "rank"),
              cell(rankings["temporal"].get(model), "test_window_recall@10"),
