@@ -31,7 +31,7 @@ from common.atomic import atomic_write
 from common.errors import SeqrecError
 from offline.cli.common import SEED, configure_logging
 from offline.data.prepared import PreparedDataset, dataset_fingerprint, load_prepared
-from offline.data.temporal import DEFAULT_TEST_CUT, DEFAULT_VALID_CUT, TemporalProtocol
+from offline.data.temporal import DEFAULT_TEST_CUT, DEFAULT_VALID_CUT, TemporalProtocol, repeat_shares
 from offline.evaluation.evaluate import EVAL_KS, evaluate_splits
 from offline.evaluation.temporal import evaluate_popularity_temporal
 from offline.tables import markdown_table
@@ -241,9 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         temporal = TemporalProtocol(args.valid_cut, args.test_cut, args.refit)
         started, load_before = time.time(), os.getloadavg()
         runs = train_runs(args, data, temporal)
+        split = temporal.split_data(data)
         record = {
             "command": command, "data": dataset_fingerprint(data), "temporal": temporal.record(),
-            "split": temporal.split_data(data).record(), "seeds": args.seeds, "metric": METRIC,
+            "split": split.record(), "seeds": args.seeds, "metric": METRIC,
+            "repeat_targets": {"loo": data.repeat_shares, "temporal": repeat_shares(split)},
             "overrides": args.override, "seconds": round(time.time() - started, 1),
             "load_average": {"start": [round(v, 2) for v in load_before],
                              "end": [round(v, 2) for v in os.getloadavg()]},
