@@ -169,7 +169,9 @@ def add_evaluate_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
         "catalogue journal (items retired and added through the admin routes) is applied, as the service applies it.",
     )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", choices=["popularity"], help="a baseline fitted on the training positions")
+    what.add_argument("--model", choices=["popularity", "personal-frequency"],
+                      help="a baseline fitted on the training positions: popularity, or personal-frequency (the "
+                      "user's own items by count or recency, its decay chosen on validation, then popularity)")
     what.add_argument("--artifact", type=Path, help="a retriever artifact (from `seqrec train`)")
     p.add_argument("--data", type=Path, required=True, help="prepared folder (from `seqrec prepare`)")
     p.add_argument("--ks", default="1,5,10,20,50", help="cut-offs, comma separated")
@@ -184,7 +186,7 @@ def add_evaluate_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
     p.add_argument("--mask-ids", action="store_true",
                    help="two-stage: score every candidate as an unknown item (cold-start simulation)")
     p.add_argument("--repeats", choices=list(REPEATS), default="auto",
-                   help="without --artifact (the popularity baseline): the repeat policy (retriever/repeats.py); "
+                   help="without --artifact (a baseline): the repeat policy (retriever/repeats.py); "
                    "an artifact always follows the policy its manifest stores")
     add_protocol_arguments(p, refit=True)
     p.set_defaults(handler=_evaluate)
@@ -201,7 +203,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     given = [flag for flag, on in (("--candidates", args.candidates is not None), ("--mask-ids", args.mask_ids),
                                    ("--stage two-stage", args.stage == "two-stage")) if on]
     if given and not two_stage:  # each was ignored without a word
-        what = "--model popularity" if args.artifact is None else (
+        what = f"--model {args.model}" if args.artifact is None else (
             "--stage retriever" if args.stage == "retriever" else f"{args.artifact}, which holds no ranker")
         verb = "apply" if len(given) > 1 else "applies"
         raise SeqrecError(f"{' and '.join(given)} {verb} to a two-stage evaluation, not to {what}")
@@ -228,6 +230,13 @@ def _evaluate(args: argparse.Namespace) -> int:
         if served is not None:  # the catalogue journal applied, as the service retrieves
             result["index"].update(served)
         print_json({"data": str(args.data), **result})
+        return 0
+    if args.model == "personal-frequency":
+        from offline.evaluation.frequency import evaluate_frequency
+
+        frequency = evaluate_frequency(data, repeats=args.repeats, ks=ks, batch_size=args.batch_size)
+        print_json({"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items,
+                    "repeat_targets": data.repeat_shares, **frequency})
         return 0
     from retriever.popularity import Popularity
     from retriever.repeats import resolve_repeats
@@ -265,7 +274,13 @@ def _evaluate_temporal(args: argparse.Namespace, data: PreparedDataset, temporal
                                             batch_size=args.batch_size)
         print_json({"data": str(args.data), **result})
         return 0
-    result = evaluate_popularity_temporal(data, temporal, repeats=args.repeats, ks=ks, batch_size=args.batch_size)
+    if args.model == "personal-frequency":
+        from offline.evaluation.frequency import evaluate_frequency_temporal
+
+        result = evaluate_frequency_temporal(data, temporal, repeats=args.repeats, ks=ks, batch_size=args.batch_size)
+    else:
+        result = evaluate_popularity_temporal(data, temporal, repeats=args.repeats, ks=ks,
+                                              batch_size=args.batch_size)
     print_json({"model": args.model, "data": str(args.data), "users": data.n_users, "items": data.n_items,
                 "protocol": temporal.record(), **result})
     return 0

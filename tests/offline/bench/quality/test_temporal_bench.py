@@ -22,12 +22,16 @@ def test_bench_writes_both_protocols_side_by_side_and_reads_runs_back(tmp_path: 
     assert bench_main(argv) == 0
     record = json.loads(out.read_text())
     assert {(r["model"], r["protocol"]) for r in record["runs"]} == {
-        (m, p) for m in ("popularity", "sasrec") for p in ("loo", "temporal")}
+        (m, p) for m in ("popularity", "personal-frequency", "sasrec") for p in ("loo", "temporal")}
     temporal = next(r for r in record["runs"] if r["model"] == "sasrec" and r["protocol"] == "temporal")
     assert temporal["temporal"]["refit"] is True
     assert temporal["temporal"]["test"]["users"] == temporal_split(load_prepared(data).sequences).test.record()["users"]
-    assert set(record["rankings"]["loo"]) == {"popularity", "sasrec"}
-    assert sorted(v["rank"] for v in record["rankings"]["temporal"].values()) == [1, 2]
+    assert set(record["rankings"]["loo"]) == {"popularity", "personal-frequency", "sasrec"}
+    rows = record["rankings"]["temporal"]
+    assert {m: r["rank"] for m, r in rows.items()} == {  # equal means share a rank
+        m: 1 + sum(o["test"] > r["test"] for o in rows.values()) for m, r in rows.items()}
+    frequency = next(r for r in record["runs"] if r["model"] == "personal-frequency" and r["protocol"] == "loo")
+    assert frequency["valid_by_decay"][str(frequency["decay"])] == frequency["valid"]["NDCG@10"]
     assert (tmp_path / "result.md").read_text().startswith("| model |")
     assert bench_main(argv) == 0  # again: the trained runs are read back, not retrained
     again = json.loads(out.read_text())
