@@ -93,7 +93,7 @@ def cluster_failover(url: str, cluster: RedisClusterProcesses, *, rate: float, b
         await asyncio.sleep(before_s)
         marks["kill"] = time.perf_counter()
         await asyncio.to_thread(victim.kill)
-        while not await asyncio.to_thread(_whole, cluster):
+        while not await asyncio.to_thread(whole, cluster):
             await asyncio.sleep(0.05)
         marks["whole"] = time.perf_counter()
 
@@ -125,7 +125,8 @@ def cluster_failover(url: str, cluster: RedisClusterProcesses, *, rate: float, b
     return report
 
 
-def _whole(cluster: RedisClusterProcesses) -> bool:
+def whole(cluster: RedisClusterProcesses) -> bool:
+    """Every master's slots served again (a replica promoted for a killed one), every live node agreeing."""
     try:
         return len(cluster.masters()) == cluster.n_masters and cluster.healthy()
     except Exception:  # a node mid-change: ask again
