@@ -55,10 +55,11 @@ def redis_client(url: str, *, pool_size: int, timeout_s: float) -> Client:
     """A client of the Redis (or the Redis Cluster) at ``url``; nothing is connected until the first command.
 
     One immediate retry on connection errors only: it replaces a pooled connection that died while idle (Redis
-    restarted) without the caller noticing. Timeouts are not retried, so a hung Redis costs one timeout; a down
-    one is refused at once. redis-py's default (3 retries with backoff) would be slower. The single Redis's pool
-    blocks up to the timeout for a free connection instead of failing under bursts; a cluster's pools (one per
-    node, ``pool_size`` each) refuse at once when full (a 503)."""
+    restarted) without the caller noticing. A cluster's client makes one attempt (`through_failover` retries).
+    Timeouts are not retried, so a hung Redis costs one timeout; a down one is refused at once. redis-py's
+    default (3 retries with backoff) would be slower. The single Redis's pool blocks up to the timeout for a free
+    connection instead of failing under bursts; a cluster's pools (one per node, ``pool_size`` each) refuse at
+    once when full (a 503)."""
     retry = Retry(NoBackoff(), retries=1, supported_errors=(rex.ConnectionError,))
     node = cluster_node_url(url)
     if node is not None:  # no retry inside redis-py: `through_failover` does it

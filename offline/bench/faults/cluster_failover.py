@@ -163,6 +163,7 @@ def run_cluster_failover(args: argparse.Namespace) -> int:
             report["server_log_problems"] = [text[-3000:] for text in log_problems(server.log)]
     command = (f"seqrec bench cluster-failover --artifact {args.artifact} --rate {args.rate:g} --before "
                f"{args.before:g} --after {args.after:g} --wait {args.wait} --node-timeout-ms {args.node_timeout_ms}")
+    command += f" --seed {args.seed}" if args.seed else ""
     command += f" --out {args.out}" if args.out else ""
     return print_report(report, __name__, out=args.out, command=command, wait_replicas=args.wait, **started.head())
 
