@@ -19,6 +19,7 @@ from redis.crc import key_slot
 
 from offline.bench.faults.cluster_failover import whole
 from offline.bench.lib.redis_cluster import RedisClusterProcesses, ReplicatedRedis
+from service.http import store_cluster as rc
 from service.http.store import Event, RedisStore, StoreUnavailable
 from tests import needs
 from tests.service.support import SHARED_REDIS, serving
@@ -172,3 +173,36 @@ async def test_a_killed_master_fails_calls_quickly_then_none_once_its_replica_to
             assert await store.ping()
         finally:
             await store.close()
+
+
+class _FakeNodes:
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def initialize(self) -> None:
+        self.reads += 1
+
+
+@pytest.mark.anyio
+async def test_through_failover_retries_a_lost_node_once_and_never_a_timeout() -> None:
+    """A lost connection: one map read, one more try. A timeout: a map read, raised, not resent (it may run)."""
+    nodes = _FakeNodes()
+    slot_map = rc.SlotMap(type("Client", (), {"nodes_manager": nodes})())  # type: ignore[arg-type]
+    sent: list[str] = []
+
+    async def refused_once() -> str:
+        sent.append("x")
+        if len(sent) == 1:
+            raise redis.ConnectionError("refused")
+        return "ok"
+
+    assert await rc.through_failover(slot_map, refused_once) == "ok"
+    assert (len(sent), nodes.reads) == (2, 1)
+
+    async def times_out() -> str:
+        sent.append("t")
+        raise redis.TimeoutError("no answer")
+
+    with pytest.raises(redis.TimeoutError):
+        await rc.through_failover(slot_map, times_out)
+    assert (sent.count("t"), nodes.reads) == (1, 2)
