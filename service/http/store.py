@@ -244,6 +244,7 @@ class RedisStore:
         timeout_s = (timeout_ms + (wait_ms if wait_replicas else 0)) / 1000
         self._deadline_s = 4 * timeout_s if self.cluster else None  # its client retries through a failover
         self._redis = rc.redis_client(url, pool_size=pool_size, timeout_s=timeout_s)
+        self._slot_map = rc.SlotMap(self._redis) if isinstance(self._redis, rc.RedisCluster) else None
         self._append_script = self._redis.register_script(APPEND)
 
     def _keys(self, user_id: str) -> list[str]:
@@ -276,7 +277,7 @@ class RedisStore:
             answered = state in ("refused the request", "refuses writes")  # Redis's own words name no address
             raise StoreUnavailable(f"Redis at {self.url} {state}: {str(e) or type(e).__name__}",
                                    f"Redis {state}" + (f": {first_line(e)}" if answered else "")) from e
-        except AttributeError as e:
+        except (AttributeError, RuntimeError) as e:
             if not (self.cluster and rc.dropped_mid_command(e)):
                 raise
             raise StoreUnavailable(f"Redis at {self.url} is unreachable: a connection closed while the cluster "
@@ -296,17 +297,22 @@ class RedisStore:
         keys = [key for user_id, _ in batch for key in self._keys(user_id)]
         args = self._script_args(batch, max_len)
         with self._unavailable_as_store_error([user_id for user_id, _ in batch]):
-            if not self.wait_replicas:
-                return [int(n) for n in await self._append_script(keys, args, await rc.connected(self._redis))]
-            client = await rc.connected(self._redis)
-            lengths, confirmed = await rc.append_waiting(client, self._append_script, keys, args, self.wait_replicas,
-                                                         self.wait_ms)
+            lengths, confirmed = await rc.through_failover(self._slot_map, lambda: self._run_script(keys, args))
         if confirmed < self.wait_replicas:
             waited = (f"applied the events, but {confirmed} of the {self.wait_replicas} replicas required confirmed "
                       f"them within {self.wait_ms} ms (SEQREC_REDIS_WAIT_REPLICAS): they may not survive the "
                       "master's loss")
             raise StoreUnavailable(f"Redis at {self.url} {waited}", f"Redis {waited}")
-        return [int(n) for n in lengths]
+        return lengths
+
+    async def _run_script(self, keys: list[str], args: list[str | int]) -> tuple[list[int], int]:
+        """The append script's window lengths, and how many replicas confirmed it (0 without WAIT)."""
+        client = await rc.connected(self._redis)
+        if not self.wait_replicas:
+            return [int(n) for n in await self._append_script(keys, args, client)], 0
+        lengths, confirmed = await rc.append_waiting(client, self._append_script, keys, args, self.wait_replicas,
+                                                     self.wait_ms)
+        return [int(n) for n in lengths], confirmed
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
         _check_user(user_id)
@@ -341,7 +347,8 @@ class RedisStore:
         pairs = [(keys[0], keys[1]), *([(keys[4], keys[5])] if self.legacy_keys else [])]
         with self._unavailable_as_store_error([user_id]):
             try:
-                found = await rc.within(self._read_keys(pairs, seen=seen, transaction=True), self._deadline_s)
+                found = await rc.within(rc.through_failover(
+                    self._slot_map, lambda: self._read_keys(pairs, seen=seen, transaction=True)), self._deadline_s)
             except rex.OutOfMemoryError:
                 # Past maxmemory Redis queues no MULTI block, reads included; it then takes no write but a deletion
                 # (whose window items stay seen by the union in `read`), so the reads without MULTI see one history.
@@ -362,12 +369,15 @@ class RedisStore:
     async def delete(self, user_id: str) -> bool:
         _check_user(user_id)
         with self._unavailable_as_store_error():
-            client = await rc.connected(self._redis)
-            return bool(await rc.within(client.delete(*self._keys(user_id)), self._deadline_s))
+            return bool(await rc.within(rc.through_failover(self._slot_map, lambda: self._delete(user_id)),
+                                        self._deadline_s))
+
+    async def _delete(self, user_id: str) -> int:
+        return int(await (await rc.connected(self._redis)).delete(*self._keys(user_id)))
 
     async def ping(self) -> bool:
         try:
-            return await rc.ping(await rc.connected(self._redis))
+            return await rc.within(rc.ping(await rc.connected(self._redis)), self._deadline_s)
         except (rex.RedisError, rex.RedisClusterException, OSError):
             return False
 
@@ -375,7 +385,8 @@ class RedisStore:
         """A real write (a probe key under the prefix that expires in 10 s): Redis refuses it exactly when it
         would refuse an event (maxmemory reached under noeviction, READONLY replica, a lost connection)."""
         try:
-            return bool(await (await rc.connected(self._redis)).set(*probe(self.prefix), px=PROBE_MS))
+            client = await rc.connected(self._redis)
+            return bool(await rc.within(client.set(*probe(self.prefix), px=PROBE_MS), self._deadline_s))
         except (rex.RedisError, rex.RedisClusterException, OSError):
             return False
 

@@ -11,6 +11,17 @@ another's succeeds; the API then answers 503 and a retry adds nothing twice that
 previous release's key names (``{prefix}history:{user}``) lie in other slots: they are not read in cluster mode.
 The script is cached per node: after a failover the promoted replica answers NOSCRIPT once and it is loaded again.
 
+**A failover** is handled here, not by redis-py's retries: its cluster client makes one attempt per command
+(``retries=0``), because its own retry paths differ by call (a command re-reads the slot map before its retry; a
+MULTI read does so only every fifth error, so reads to a dead master's slots kept failing after its replica took
+over; a pipeline closes every connection of the client and sleeps 0.25 s). `through_failover` runs each store
+call: on a lost connection, CLUSTERDOWN, an uncovered slot, MOVED or TRYAGAIN it re-reads the slot map (one read
+for all the calls that failed meanwhile, `SlotMap`) and tries once more; on a timeout it re-reads the map but does
+not retry (the command may still run). So once the cluster is whole again the first call to a moved slot pays one
+map read and succeeds; while a master is down a call fails within about two connect attempts and one map read,
+and never later than the store's deadline (4 x ``SEQREC_REDIS_TIMEOUT_MS``): a 503 with Retry-After, no hang.
+Normal operation sends nothing more.
+
 **WAIT** (``SEQREC_REDIS_WAIT_REPLICAS=N``): the append script and ``WAIT N timeout`` go in one pipeline, so on one
 connection to the master that ran the script (WAIT counts that connection's writes). Fewer than N replicas
 confirming within ``SEQREC_REDIS_WAIT_MS`` is a 503: the master has applied the append (it is not rolled back),
@@ -44,15 +55,16 @@ def redis_client(url: str, *, pool_size: int, timeout_s: float) -> Client:
     """A client of the Redis (or the Redis Cluster) at ``url``; nothing is connected until the first command.
 
     One immediate retry on connection errors only: it replaces a pooled connection that died while idle (Redis
-    restarted) without the caller noticing. Timeouts are not retried, so a hung Redis costs one timeout; a down
-    one is refused at once. redis-py's default (3 retries with backoff) would be slower. The single Redis's pool
-    blocks up to the timeout for a free connection instead of failing under bursts; a cluster's pools (one per
-    node, ``pool_size`` each) refuse at once when full (a 503)."""
+    restarted) without the caller noticing. A cluster's client makes one attempt (`through_failover` retries).
+    Timeouts are not retried, so a hung Redis costs one timeout; a down one is refused at once. redis-py's
+    default (3 retries with backoff) would be slower. The single Redis's pool blocks up to the timeout for a free
+    connection instead of failing under bursts; a cluster's pools (one per node, ``pool_size`` each) refuse at
+    once when full (a 503)."""
     retry = Retry(NoBackoff(), retries=1, supported_errors=(rex.ConnectionError,))
     node = cluster_node_url(url)
-    if node is not None:
+    if node is not None:  # no retry inside redis-py: `through_failover` does it
         return RedisCluster.from_url(node, max_connections=pool_size, socket_connect_timeout=timeout_s,
-                                     socket_timeout=timeout_s, retry=retry)
+                                     socket_timeout=timeout_s, retry=Retry(NoBackoff(), retries=0))
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=pool_size, timeout=timeout_s, socket_connect_timeout=timeout_s,
         socket_timeout=timeout_s, retry=retry)
@@ -91,14 +103,64 @@ async def connected(client: Client) -> Client:
     return client
 
 
-def dropped_mid_command(error: AttributeError) -> bool:
-    """An AttributeError raised inside redis-py's connection code: its asyncio cluster client (8.1) closes a
-    connection that another request is still opening when a failover makes it re-read the slot map
-    (``'NoneType' object has no attribute 'writelines'``). A lost connection, so a 503; any other is a bug."""
+def dropped_mid_command(error: BaseException) -> bool:
+    """An AttributeError or RuntimeError raised inside redis-py's connection code: its asyncio cluster client (8.1)
+    closes a connection that another request is still using when a failover makes it re-read the slot map
+    (``'NoneType' object has no attribute 'writelines'``; uvloop's ``unable to perform operation on
+    <TCPTransport closed=True ...>``). A lost connection, so a retry or a 503; any other is a bug."""
+    if not isinstance(error, AttributeError | RuntimeError):
+        return False
+    deepest_redis_frame = ""
     tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        deepest_redis_frame = name if "/redis/" in name else deepest_redis_frame
         tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_filename.endswith("redis/asyncio/connection.py")
+    return deepest_redis_frame.endswith("redis/asyncio/connection.py")
+
+
+# The slot map may be stale or the node gone: re-read the map and try once more. Not a full pool (the node is
+# fine), a refused password, a loading replica, nor a timeout (the command may still run: retrying could apply an
+# append twice, and would double the wait).
+_MOVED = (rex.ConnectionError, rex.ClusterDownError, rex.SlotNotCoveredError, rex.AskError, rex.TryAgainError)
+_NOT_MOVED = (rex.MaxConnectionsError, rex.AuthenticationError, rex.BusyLoadingError)
+
+
+class SlotMap:
+    """Re-reads a cluster's slot map once for all the calls that failed since the last read."""
+
+    def __init__(self, client: RedisCluster) -> None:
+        self.client, self.reads = client, 0
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, reads_seen: int) -> None:
+        """Read the map unless it was read after ``reads_seen`` (the count when the failed call began)."""
+        async with self._lock:
+            if self.reads == reads_seen:
+                try:
+                    await self.client.nodes_manager.initialize()
+                finally:
+                    self.reads += 1  # a failed read too: the next failure tries again, not its waiters
+
+
+async def through_failover(slot_map: SlotMap | None, call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``; on a cluster, once more after a slot-map read when it failed because the map was stale or a
+    node was lost (`_MOVED`). After a timeout the map is read and the timeout raised."""
+    if slot_map is None:
+        return await call()
+    reads_seen = slot_map.reads
+    try:
+        return await call()
+    except (rex.TimeoutError, TimeoutError):
+        await slot_map.refresh(reads_seen)
+        raise
+    except _NOT_MOVED:
+        raise
+    except (*_MOVED, AttributeError, RuntimeError) as e:
+        if isinstance(e, AttributeError | RuntimeError) and not dropped_mid_command(e):
+            raise
+    await slot_map.refresh(reads_seen)
+    return await call()
 
 
 async def within(call: Awaitable[T], seconds: float | None) -> T:

@@ -1,10 +1,14 @@
 """Histories on a real Redis Cluster (three masters the session starts, `tests/service/conftest.py:redis_cluster`)
 and appends that wait for a replica (WAIT): where each user's keys live, what cluster mode does not read, the
 service over HTTP against the cluster and against one Redis giving the same answers, and the WAIT setting's two
-outcomes (a replica confirmed: the replica holds the events as soon as the append returns; none could: a 503)."""
+outcomes (a replica confirmed: the replica holds the events as soon as the append returns; none could: a 503);
+and a master killed (a cluster with replicas of its own): quick 503s while it is down, no 503 once its replica has
+taken over."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from pathlib import Path
 
@@ -13,7 +17,9 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from offline.bench.faults.cluster_failover import whole
 from offline.bench.lib.redis_cluster import RedisClusterProcesses, ReplicatedRedis
+from service.http import store_cluster as rc
 from service.http.store import Event, RedisStore, StoreUnavailable
 from tests import needs
 from tests.service.support import SHARED_REDIS, serving
@@ -128,3 +134,75 @@ def test_the_service_over_a_cluster_answers_as_over_one_redis(bundle: Path, redi
     assert answers[0] == answers[1]
     assert all(answers[1][0])
     assert all(answers[1][1])
+
+
+@pytest.mark.anyio
+async def test_a_killed_master_fails_calls_quickly_then_none_once_its_replica_took_over(tmp_path: Path) -> None:
+    """SIGKILL of a master under a warm client (slot map read, script loaded on every master). While it is down, a
+    call on its slots is a 503 within the store's deadline (4 x the timeout), not a hang; once the cluster is whole
+    again, every call succeeds at its first try, a burst of them at once included: the client's slot map, read
+    while the dead master still owned its slots, is re-read on the first failure and the call sent again."""
+    needs.program("redis-server")
+    needs.program("redis-cli")
+    timeout_ms = 300
+    with RedisClusterProcesses(tmp_path / "cluster", masters=3, replicas=1, node_timeout_ms=1000) as cluster:
+        store = RedisStore(cluster.url, timeout_ms=timeout_ms)
+        try:
+            users = [f"u{k}" for k in range(30)]
+            await store.append_many([(user, [Event("before", 1.0)]) for user in users], max_len=5)
+            victim = next(node for node in cluster.masters() if node is not cluster.nodes[0])
+            on_victim = [user for user in users if _owner(cluster, store._keys(user)[0]) == victim.port]
+            assert on_victim
+            victim.kill()
+            for call in (lambda: store.append(on_victim[0], [Event("during", 2.0)], max_len=5),
+                         lambda: store.read(on_victim[0])):
+                started = time.perf_counter()
+                with pytest.raises(StoreUnavailable):
+                    await call()
+                assert time.perf_counter() - started < 4 * timeout_ms / 1000
+            deadline = time.monotonic() + 30
+            while not whole(cluster):
+                assert time.monotonic() < deadline, "the replica did not take over within 30 s"
+                await asyncio.sleep(0.05)
+            reads = await asyncio.gather(*(store.read(user) for user in users))  # one burst, many on the old map
+            assert all(read.events[0].item_id == "before" for read in reads)
+            for user in users:
+                assert await store.append(user, [Event("after", 3.0)], max_len=5) == 2
+                assert [e.item_id for e in await store.history(user)] == ["before", "after"]
+            assert await store.delete(on_victim[0]) is True
+            assert await store.ping()
+        finally:
+            await store.close()
+
+
+class _FakeNodes:
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def initialize(self) -> None:
+        self.reads += 1
+
+
+@pytest.mark.anyio
+async def test_through_failover_retries_a_lost_node_once_and_never_a_timeout() -> None:
+    """A lost connection: one map read, one more try. A timeout: a map read, raised, not resent (it may run)."""
+    nodes = _FakeNodes()
+    slot_map = rc.SlotMap(type("Client", (), {"nodes_manager": nodes})())  # type: ignore[arg-type]
+    sent: list[str] = []
+
+    async def refused_once() -> str:
+        sent.append("x")
+        if len(sent) == 1:
+            raise redis.ConnectionError("refused")
+        return "ok"
+
+    assert await rc.through_failover(slot_map, refused_once) == "ok"
+    assert (len(sent), nodes.reads) == (2, 1)
+
+    async def times_out() -> str:
+        sent.append("t")
+        raise redis.TimeoutError("no answer")
+
+    with pytest.raises(redis.TimeoutError):
+        await rc.through_failover(slot_map, times_out)
+    assert (sent.count("t"), nodes.reads) == (1, 2)

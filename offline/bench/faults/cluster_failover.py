@@ -93,7 +93,7 @@ def cluster_failover(url: str, cluster: RedisClusterProcesses, *, rate: float, b
         await asyncio.sleep(before_s)
         marks["kill"] = time.perf_counter()
         await asyncio.to_thread(victim.kill)
-        while not await asyncio.to_thread(_whole, cluster):
+        while not await asyncio.to_thread(whole, cluster):
             await asyncio.sleep(0.05)
         marks["whole"] = time.perf_counter()
 
@@ -125,7 +125,8 @@ def cluster_failover(url: str, cluster: RedisClusterProcesses, *, rate: float, b
     return report
 
 
-def _whole(cluster: RedisClusterProcesses) -> bool:
+def whole(cluster: RedisClusterProcesses) -> bool:
+    """Every master's slots served again (a replica promoted for a killed one), every live node agreeing."""
     try:
         return len(cluster.masters()) == cluster.n_masters and cluster.healthy()
     except Exception:  # a node mid-change: ask again
@@ -162,6 +163,7 @@ def run_cluster_failover(args: argparse.Namespace) -> int:
             report["server_log_problems"] = [text[-3000:] for text in log_problems(server.log)]
     command = (f"seqrec bench cluster-failover --artifact {args.artifact} --rate {args.rate:g} --before "
                f"{args.before:g} --after {args.after:g} --wait {args.wait} --node-timeout-ms {args.node_timeout_ms}")
+    command += f" --seed {args.seed}" if args.seed else ""
     command += f" --out {args.out}" if args.out else ""
     return print_report(report, __name__, out=args.out, command=command, wait_replicas=args.wait, **started.head())
 
