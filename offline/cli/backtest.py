@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,6 +31,12 @@ def add_backtest_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
     p.add_argument("--k", type=int, default=10, help="list length (default 10)")
     p.add_argument("--http-sample", type=int, default=20, help="users per step checked over HTTP (default 20)")
     p.add_argument("--seed", type=int, default=0, help="seed of the HTTP sample")
+    p.add_argument("--train-seed", type=int, default=None, help="train.seed of every training (default: the config's)")
+    p.add_argument("--choose-warm", action="store_true",
+                   help="choose the warm-start schedule on the window before --start (offline/backtest/choose.py) "
+                   "and use it at every step; the choice and its evidence go to warm-choice.json and backtest.json")
+    p.add_argument("--warm-choice", type=Path, default=None,
+                   help="use the schedule of another backtest's warm-choice.json (the same choice for every seed)")
     p.add_argument("--note", action="append", default=[], help="a line for the report (what else was running)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for training")
     p.set_defaults(handler=_backtest)
@@ -45,10 +52,20 @@ def _backtest(args: argparse.Namespace) -> int:
         raise SeqrecError("--k must be >= 1 and --http-sample >= 0")
     if not args.config.is_file():
         raise SeqrecError(f"{args.config}: no such pipeline config")
+    if args.choose_warm and args.warm_choice is not None:
+        raise SeqrecError("give --choose-warm or --warm-choice, not both")
+    warm_overrides = None
+    if args.warm_choice is not None:
+        if not args.warm_choice.is_file():
+            raise SeqrecError(f"--warm-choice {args.warm_choice}: no such file")
+        warm_overrides = json.loads(args.warm_choice.read_text()).get("overrides")
+        if not isinstance(warm_overrides, dict):
+            raise SeqrecError(f"--warm-choice {args.warm_choice}: no 'overrides' object (a warm-choice.json)")
     set_threads(args.threads)
     plan = Plan(config=str(args.config.resolve()), start=parse_start(args.start), step=parse_step(args.step),
                 steps=args.steps, mode=args.mode, budget_minutes=args.budget_minutes, k=args.k,
-                http_sample=args.http_sample, seed=args.seed)
+                http_sample=args.http_sample, seed=args.seed, train_seed=args.train_seed,
+                choose_warm=args.choose_warm, warm_overrides=warm_overrides)
     records = run_backtest(plan, args.out, threads=args.threads)
     print(write_report(records, args.out, asdict(plan), args.note))
     differ = sum(r["http"]["differ"] for r in records)
