@@ -71,7 +71,8 @@ def write_seeds(folders: list[Path], out: Path) -> str:
              f"{r['live_ndcg_ratio']:.3f}", f"{r['time_ratio']:.3f}", "yes" if r["met"] else "no")
             for r in table["steps"]]
     text = "\n".join([
-        f"# Warm start against scratch over training seeds {', '.join(str(s) for s in table['seeds'])}", "",
+        f"# Warm start against scratch over training seeds "
+        f"{', '.join('the config' + chr(39) + 's' if s is None else str(s) for s in table['seeds'])}", "",
         markdown_table(("step", "users", "scratch nightly NDCG@10 per seed", "warm nightly NDCG@10 per seed",
                         "warm / scratch (seed means)", "scratch spread (max - min) / mean",
                         "live NDCG@10 warm / scratch (seed means)", "training seconds warm / scratch (seed means)",
