@@ -39,6 +39,23 @@ def test_a_folder_without_a_backtest_is_refused(tmp_path: Path, capsys: pytest.C
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "backtest.json").write_text(json.dumps(_report(42, 0.1, 0.1, 10.0)))
     assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out")]) == 1
-    assert "no backtest.json" in capsys.readouterr().err
+    assert "no backtest's folder" in capsys.readouterr().err
     assert main([str(tmp_path / "a"), "--out", str(tmp_path / "out")]) == 0
     assert "met on 1 of 1 steps" in (tmp_path / "out" / "seeds.md").read_text()
+
+
+def test_a_stopped_run_counts_with_its_finished_steps(tmp_path: Path) -> None:
+    done, stopped = tmp_path / "done", tmp_path / "stopped"
+    done.mkdir()
+    (done / "backtest.json").write_text(json.dumps(_report(42, 0.10, 0.09, 20.0)))
+    (stopped / "steps").mkdir(parents=True)
+    (stopped / "plan.json").write_text(json.dumps({"train_seed": 123}))
+    for s in _report(123, 0.08, 0.09, 40.0)["steps"]:
+        (stopped / "steps" / f"{s['step']:02d}-{s['mode']}.json").write_text(json.dumps(s))
+    assert main([str(done), str(stopped), "--out", str(tmp_path / "out")]) == 0
+    table = json.loads((tmp_path / "out" / "seeds.json").read_text())
+    assert table["seeds"] == [42, 123]
+    assert table["met"] == "1 of 1 steps"
+    (stopped / "steps" / "01-warm.json").unlink()  # killed during step 2's warm run: step 2 is not compared
+    assert main([str(done), str(stopped), "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "seeds.json").read_text())["met"] == "0 of 0 steps"
