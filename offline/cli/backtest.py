@@ -37,6 +37,8 @@ def add_backtest_parser(sub: Subparsers, common: argparse.ArgumentParser) -> Non
                    "and use it at every step; the choice and its evidence go to warm-choice.json and backtest.json")
     p.add_argument("--warm-choice", type=Path, default=None,
                    help="use the schedule of another backtest's warm-choice.json (the same choice for every seed)")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the report of the steps finished under --out (a stopped run), training nothing")
     p.add_argument("--note", action="append", default=[], help="a line for the report (what else was running)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for training")
     p.set_defaults(handler=_backtest)
@@ -48,6 +50,8 @@ def _backtest(args: argparse.Namespace) -> int:
     from offline.backtest.run import Plan, run_backtest
     from offline.backtest.timeline import parse_start, parse_step
 
+    if args.report_only:
+        return _report_only(args.out, args.note)
     if args.k < 1 or args.http_sample < 0:
         raise SeqrecError("--k must be >= 1 and --http-sample >= 0")
     if not args.config.is_file():
@@ -72,3 +76,21 @@ def _backtest(args: argparse.Namespace) -> int:
     if differ:
         print(f"HTTP parity: {differ} lists differ from the replayed ones")
     return 1 if differ else 0
+
+
+def _report_only(out: Path, notes: list[str]) -> int:
+    """The report of a stopped backtest: its plan and the steps it finished, said so in the notes."""
+    from common.errors import SeqrecError
+    from offline.backtest.report import write_report
+
+    if not (out / "plan.json").is_file():
+        raise SeqrecError(f"{out}: no plan.json, so no backtest's folder to report on")
+    plan = json.loads((out / "plan.json").read_text())
+    records = [json.loads(p.read_text()) for p in sorted((out / "steps").glob("*.json"))]
+    if not records:
+        raise SeqrecError(f"{out}: no finished step to report on")
+    finished = len({r["step"] for r in records})
+    stopped = [] if finished >= plan["steps"] else [f"stopped after {len(records)} step runs: steps 1-{finished} "
+                                                    f"of {plan['steps']} (the rest not run)"]
+    print(write_report(records, out, plan, [*notes, *stopped]))
+    return 0
