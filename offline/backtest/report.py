@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,13 @@ def write_report(records: list[dict[str, Any]], out: Path, plan: dict[str, Any],
     records = sorted(records, key=lambda r: (r["step"], r["mode"]))
     ratios = warm_against_scratch(records, k)
     totals = summary(records, ratios, k)
+    choice = json.loads((out / "warm-choice.json").read_text()) if (out / "warm-choice.json").is_file() else None
     write_json(out / "backtest.json", {"plan": plan, "notes": notes, "summary": totals, "steps": records,
-                                       "warm_vs_scratch": ratios})
+                                       "warm_vs_scratch": ratios, "warm_choice": choice})
     lines = ["# Backtest", "", *(f"- {note}" for note in notes), "",
              markdown_table(HEAD, [_row(r, k) for r in records])]
+    if choice is not None:
+        lines += ["", *_choice_lines(choice, k)]
     if ratios:
         lines += ["", "Warm start against scratch (warm / scratch):", "",
                   markdown_table(("step", f"nightly NDCG@{k}", f"live NDCG@{k}",
@@ -104,6 +108,26 @@ def write_report(records: list[dict[str, Any]], out: Path, plan: dict[str, Any],
     (out / "backtest.md").write_text(text)
     _plot(records, out / "backtest.png", k)
     return text
+
+
+def _choice_lines(choice: dict[str, Any], k: int) -> list[str]:
+    """The warm-start schedule chosen on the validation window (offline/backtest/choose.py) and its evidence."""
+    start, end = choice["valid_window"]
+    scratch = choice["scratch"]
+    rows = [("scratch", "", f"{scratch['ndcg']:.4f}", f"{scratch['live_ndcg']:.4f}", f"{scratch['train_seconds']:.0f}",
+             "1.000", "1.000")]
+    for j, c in enumerate(choice["candidates"]):
+        o = c["overrides"]
+        rows.append((f"warm {j}{' (chosen)' if j == choice['chosen'] else ''}",
+                     f"epochs {o['train.epochs']}, patience {o['train.patience']}, lr {o['train.lr']:.4g}",
+                     f"{c['ndcg']:.4f}", f"{c['live_ndcg']:.4f}", f"{c['train_seconds']:.0f}",
+                     _ratio(_over(c["ndcg"], scratch["ndcg"])),
+                     _ratio(_over(c["train_seconds"], scratch["train_seconds"]))))
+    return [f"Warm-start schedule chosen on the validation window {start} .. {end} ({scratch['users']} users, "
+            f"{scratch['events']} events; warm candidates start from scratch trained before "
+            f"{choice['base_trained_before']}). Rule: {choice['rule']}. Chosen: {choice['why']}.", "",
+            markdown_table(("run", "warm-start overrides (warm-up 0)", f"valid nightly NDCG@{k}",
+                            f"valid live NDCG@{k}", "train s", "NDCG / scratch", "time / scratch"), rows)]
 
 
 def _ratio(value: float | None) -> str:

@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from common.atomic import write_json
 from common.errors import SeqrecError
 from offline.backtest.http_check import check_over_http, sample_users
 from offline.backtest.metrics import step_figures
 from offline.backtest.replay import replay, user_windows
-from offline.backtest.timeline import Timeline, check_plan, iso, load_timeline, write_training
+from offline.backtest.timeline import Timeline, check_plan, iso, load_timeline, write_step_config, write_training
 from offline.jobs.pipeline_config import PipelineConfig, load_pipeline_config
 
 log = logging.getLogger(__name__)
@@ -48,6 +47,9 @@ class Plan:
     k: int = 10
     http_sample: int = 20
     seed: int = 0
+    train_seed: int | None = None  # train.seed of every training (None: the retriever config's)
+    choose_warm: bool = False  # choose the warm-start overrides on the window before --start (choose.py)
+    warm_overrides: dict[str, Any] | None = None  # given warm-start overrides (e.g. another run's choice)
 
 
 def run_backtest(plan: Plan, out: Path, *, threads: int | None = None) -> list[dict[str, Any]]:
@@ -61,6 +63,7 @@ def run_backtest(plan: Plan, out: Path, *, threads: int | None = None) -> list[d
     windows = check_plan(timeline, plan.start, plan.step, plan.steps)
     _check_training(timeline, config, windows[0][0])
     _claim(out, plan)
+    config = _warm_schedule(config, timeline, plan, out, threads)
     records = []
     for i, (t0, t1) in enumerate(windows):
         data = out / "data" / f"step-{i:02d}"
@@ -74,6 +77,32 @@ def run_backtest(plan: Plan, out: Path, *, threads: int | None = None) -> list[d
             write_json(done, record)
             records.append(record)
     return records
+
+
+def train_overrides(plan: Plan) -> dict[str, Any]:
+    """The retriever overrides every training of the plan adds (its budget, its seed)."""
+    extra: dict[str, Any] = {}
+    if plan.budget_minutes is not None:
+        extra["train.budget_minutes"] = plan.budget_minutes
+    if plan.train_seed is not None:
+        extra["train.seed"] = plan.train_seed
+    return extra
+
+
+def _warm_schedule(config: PipelineConfig, timeline: Timeline, plan: Plan, out: Path,
+                   threads: int | None) -> PipelineConfig:
+    """The config with the plan's warm-start overrides: given, chosen on the validation window, or its own."""
+    if plan.warm_overrides is not None:
+        return config.model_copy(update={"warm_start_overrides": plan.warm_overrides})
+    if not plan.choose_warm or plan.mode == "scratch":
+        return config
+    from offline.backtest.choose import choose_warm
+
+    log.info("choosing the warm-start schedule on the window before %s", iso(plan.start))
+    choice = choose_warm(config, timeline, plan.start, plan.step, out / "choose", k=plan.k, threads=threads,
+                         overrides=train_overrides(plan))
+    write_json(out / "warm-choice.json", choice)
+    return config.model_copy(update={"warm_start_overrides": choice["overrides"]})
 
 
 def _check_training(timeline: Timeline, config: PipelineConfig, t0: float) -> None:
@@ -101,23 +130,6 @@ def _claim(out: Path, plan: Plan) -> None:
     write_json(record, asdict(plan))
 
 
-def _step_config(config: PipelineConfig, plan: Plan, data: Path, folder: Path, mode: str) -> Path:
-    """The pipeline config of one step: the user's, reading the interactions before the step."""
-    interactions, items = data / "interactions.parquet", data / "items.parquet"
-    raw = config.model_dump(mode="json", exclude_none=True)
-    raw["data"] = {"dataset": "csv", "path": str(interactions.resolve()),
-                   "reader": {"items_path": str(items.resolve())} if items.is_file() else {},
-                   "min_user_interactions": config.data.min_user_interactions}
-    if config.data.k_core is not None:
-        raw["data"]["k_core"] = config.data.k_core
-    if plan.budget_minutes is not None:
-        raw["overrides"] = {**raw.get("overrides", {}), "train.budget_minutes": plan.budget_minutes}
-    raw["keep"] = plan.steps + 1
-    path = folder / f"pipeline-{mode}.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
-
-
 def _step(plan: Plan, config: PipelineConfig, timeline: Timeline, i: int, window: tuple[float, float], mode: str,
           data: Path, out: Path, threads: int | None, records: list[dict[str, Any]]) -> dict[str, Any]:
     from offline.jobs.pipeline import run_pipeline
@@ -137,7 +149,9 @@ def _step(plan: Plan, config: PipelineConfig, timeline: Timeline, i: int, window
     else:
         if previous is not None:  # a killed step may have published already: warm-start from the previous step's
             switch_current(artifacts, Path(previous["bundle"]))
-        summary = run_pipeline(_step_config(config, plan, data, data, mode), artifacts, warm_start=mode == "warm",
+        step_config = write_step_config(config, data, data, f"pipeline-{mode}", overrides=train_overrides(plan),
+                                        keep=plan.steps + 1)
+        summary = run_pipeline(step_config, artifacts, warm_start=mode == "warm",
                                threads=threads, keep=plan.steps + 1)
         bundle_path = Path(summary.path)
         train_info = {"train_seconds": summary.seconds.get("train"), "pipeline_seconds": sum(summary.seconds.values()),

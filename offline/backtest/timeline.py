@@ -12,11 +12,13 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import yaml
 
 from common.errors import SeqrecError
 from offline.data.readers import ReaderOptions, read_dataset
@@ -137,3 +139,22 @@ def write_training(timeline: Timeline, t: float, folder: Path) -> tuple[Path, Pa
         return folder / "interactions.parquet", None
     pq.write_table(timeline.items_table, folder / "items.parquet")
     return folder / "interactions.parquet", folder / "items.parquet"
+
+
+def write_step_config(config: PipelineConfig, data: Path, folder: Path, name: str, *, overrides: dict[str, Any],
+                      keep: int) -> Path:
+    """``folder/<name>.yaml``: the user's pipeline config reading the interactions ``write_training`` wrote to
+    ``data``, with ``overrides`` added to its retriever overrides."""
+    interactions, items = data / "interactions.parquet", data / "items.parquet"
+    raw = config.model_dump(mode="json", exclude_none=True)
+    raw["data"] = {"dataset": "csv", "path": str(interactions.resolve()),
+                   "reader": {"items_path": str(items.resolve())} if items.is_file() else {},
+                   "min_user_interactions": config.data.min_user_interactions}
+    if config.data.k_core is not None:
+        raw["data"]["k_core"] = config.data.k_core
+    if overrides:
+        raw["overrides"] = {**raw.get("overrides", {}), **overrides}
+    raw["keep"] = keep
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
