@@ -49,6 +49,7 @@ from common.redis_url import cluster_node_url, redact_url
 from service.http import store_cluster as rc
 from service.http.redis_errors import PROBE_MS, STORE_ERRORS, StoreUnavailable, foreign_user, probe, redis_state
 from service.http.settings import DEFAULT_SEEN_CAP, Settings
+from service.http.store_checks import check_max_len, check_seen_cap, check_user
 from service.http.store_lua import APPEND, user_keys
 from service.http.store_memory import Record
 
@@ -118,22 +119,6 @@ class HistoryStore(Protocol):
     async def close(self) -> None: ...
 
 
-def _check_user(user_id: str) -> None:
-    if not isinstance(user_id, str) or not user_id:
-        raise ValueError(f"user_id must be a non-empty string, got {user_id!r}")
-
-
-def _check_max_len(max_len: int) -> None:
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"max_len must be an integer >= 1, got {max_len!r}")
-
-
-def _check_seen_cap(seen_cap: int) -> int:
-    if isinstance(seen_cap, bool) or not isinstance(seen_cap, int) or seen_cap < 1:
-        raise ValueError(f"seen_cap must be an integer >= 1, got {seen_cap!r}")
-    return seen_cap
-
-
 def _check_events(events: Sequence[Event]) -> None:
     for event in events:
         if not isinstance(event, Event):
@@ -146,7 +131,7 @@ class MemoryStore:
     name = "memory"
 
     def __init__(self, *, seen_cap: int = DEFAULT_SEEN_CAP) -> None:
-        self.seen_cap = _check_seen_cap(seen_cap)
+        self.seen_cap = check_seen_cap(seen_cap)
         self._records: dict[str, Record] = {}
 
     def _append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
@@ -163,15 +148,15 @@ class MemoryStore:
         return len(record.window)
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
-        _check_user(user_id)
-        _check_max_len(max_len)
+        check_user(user_id)
+        check_max_len(max_len)
         _check_events(events)
         return self._append(user_id, events, max_len)
 
     async def append_many(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> None:
-        _check_max_len(max_len)
+        check_max_len(max_len)
         for user_id, events in batch:  # validate everything first: all or nothing
-            _check_user(user_id)
+            check_user(user_id)
             _check_events(events)
         for user_id, events in batch:
             self._append(user_id, events, max_len)
@@ -180,12 +165,12 @@ class MemoryStore:
         return (await self.read(user_id)).events
 
     async def read(self, user_id: str) -> UserHistory:
-        _check_user(user_id)
+        check_user(user_id)
         record = self._records.get(user_id) or Record()
         return UserHistory(list(record.window), frozenset(record.seen).union(e.item_id for e in record.window))
 
     async def delete(self, user_id: str) -> bool:
-        _check_user(user_id)
+        check_user(user_id)
         return self._records.pop(user_id, None) is not None
 
     async def ping(self) -> bool:
@@ -228,7 +213,7 @@ class RedisStore:
     def __init__(self, url: str, *, prefix: str = "seqrec:", timeout_ms: float = 250.0, pool_size: int = 64,
                  seen_cap: int = DEFAULT_SEEN_CAP, legacy_keys: bool = True, wait_replicas: int = 0,
                  wait_ms: int = 100) -> None:
-        self.seen_cap, self.cluster = _check_seen_cap(seen_cap), cluster_node_url(url) is not None
+        self.seen_cap, self.cluster = check_seen_cap(seen_cap), cluster_node_url(url) is not None
         self.name = "redis-cluster" if self.cluster else "redis"
         # read and convert the previous release's keys: outside the user's slot, so never on a cluster
         self.legacy_keys = legacy_keys and not self.cluster
@@ -315,27 +300,27 @@ class RedisStore:
         return [int(n) for n in lengths], confirmed
 
     async def append(self, user_id: str, events: Sequence[Event], max_len: int) -> int:
-        _check_user(user_id)
-        _check_max_len(max_len)
+        check_user(user_id)
+        check_max_len(max_len)
         _check_events(events)
         if not events:
             return len((await self._read(user_id, seen=False))[0])
         return (await self._append_batch([(user_id, events)], max_len))[0]
 
     async def append_many(self, batch: Sequence[tuple[str, Sequence[Event]]], max_len: int) -> None:
-        _check_max_len(max_len)
+        check_max_len(max_len)
         for user_id, events in batch:  # validate everything before anything is sent: all or nothing
-            _check_user(user_id)
+            check_user(user_id)
             _check_events(events)
         if any(events for _, events in batch):
             await self._append_batch([(user_id, events) for user_id, events in batch if events], max_len)
 
     async def history(self, user_id: str) -> list[Event]:
-        _check_user(user_id)
+        check_user(user_id)
         return _decode_window((await self._read(user_id, seen=False))[0], user_id)
 
     async def read(self, user_id: str) -> UserHistory:
-        _check_user(user_id)
+        check_user(user_id)
         raw_entries, seen = await self._read(user_id, seen=True)
         events = _decode_window(raw_entries, user_id)
         return UserHistory(events, frozenset(i.decode() for i in seen).union(e.item_id for e in events))
@@ -367,7 +352,7 @@ class RedisStore:
         return [(replies[k], replies[k + 1] if seen else []) for k in range(0, len(replies), step)]
 
     async def delete(self, user_id: str) -> bool:
-        _check_user(user_id)
+        check_user(user_id)
         with self._unavailable_as_store_error():
             return bool(await rc.within(rc.through_failover(self._slot_map, lambda: self._delete(user_id)),
                                         self._deadline_s))
