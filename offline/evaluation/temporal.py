@@ -98,6 +98,19 @@ def recall_from_ranks(window: Window, owner: np.ndarray, ranks: np.ndarray, ks: 
                                         / per_user).mean()), 6) for k in ks}
 
 
+def trained_under(path: Path, trained: Any, protocol: TemporalProtocol) -> dict[str, Any]:
+    """The manifest's protocol record of the artifact at ``path``; refused unless it was trained under
+    ``protocol``'s cuts (one trained under leave-one-out, or other cuts, learnt from the windows to be scored)."""
+    if not protocol.matches(trained):
+        how = "leave-one-out" if not isinstance(trained, dict) else (
+            f"the cuts {trained.get('valid_cut')}/{trained.get('test_cut')}")
+        raise TemporalError(f"{path} was trained under {how}, not under the temporal protocol asked for "
+                            f"(cuts {protocol.valid_cut}/{protocol.test_cut}): its training "
+                            "saw interactions of the windows it would be scored on; train it with the same flags")
+    assert isinstance(trained, dict)
+    return trained
+
+
 def evaluate_artifact_temporal(path: Path, data: PreparedDataset, protocol: TemporalProtocol, *,
                                ks: tuple[int, ...] = EVAL_KS, use_index: bool = True,
                                batch_size: int | None = None) -> dict[str, Any]:
@@ -107,14 +120,8 @@ def evaluate_artifact_temporal(path: Path, data: PreparedDataset, protocol: Temp
     window is scored."""
     artifact = load_artifact(path, with_index=use_index)
     check_catalogue(artifact, data)
-    trained = getattr(artifact.manifest, "protocol", None)
-    if not protocol.matches(trained):
-        how = "leave-one-out" if not isinstance(trained, dict) else (
-            f"the cuts {trained.get('valid_cut')}/{trained.get('test_cut')}")
-        raise TemporalError(f"{path} was trained under {how}, not under the temporal protocol asked for "
-                            f"(cuts {protocol.valid_cut}/{protocol.test_cut}): its training "
-                            "saw interactions of the windows it would be scored on; train it with the same flags")
-    protocol = replace(protocol, refit=bool(trained.get("refit")))  # type: ignore[union-attr]
+    trained = trained_under(path, getattr(artifact.manifest, "protocol", None), protocol)
+    protocol = replace(protocol, refit=bool(trained.get("refit")))
     split = protocol.split_data(data)
     splits: tuple[Split, ...] = ("test",) if protocol.refit else ("valid", "test")
     exclude_seen = artifact.manifest.exclude_seen

@@ -19,7 +19,7 @@ import numpy as np
 from offline.data.prepared import PreparedDataset
 from offline.data.temporal import TemporalError, TemporalProtocol, TemporalSplit, Window, repeat_shares
 from offline.evaluation.evaluate import EVAL_KS, summarize
-from offline.evaluation.temporal import apart_metrics, recall_from_ranks, window_pairs
+from offline.evaluation.temporal import apart_metrics, recall_from_ranks, trained_under, window_pairs
 from offline.jobs.evaluate import _retrieved, _System, _system, reranked_ranks
 from ranker.train import Groups, retriever_ranks
 from retriever.artifact import read_manifest
@@ -69,14 +69,7 @@ def window_recall(system: _System, window: Window, groups: Groups, ks: tuple[int
 
 def check_trained_under(bundle: Path, protocol: TemporalProtocol) -> None:
     """Refuse a bundle whose retriever was not trained under ``protocol``'s cuts, or was refitted."""
-    trained = getattr(read_manifest(bundle), "protocol", None)
-    if not protocol.matches(trained):
-        how = "leave-one-out" if not isinstance(trained, dict) else (
-            f"the cuts {trained.get('valid_cut')}/{trained.get('test_cut')}")
-        raise TemporalError(f"{bundle} was trained under {how}, not under the temporal protocol asked for (cuts "
-                            f"{protocol.valid_cut}/{protocol.test_cut}): its training saw interactions of the "
-                            "windows it would be scored on; train it with the same flags")
-    assert isinstance(trained, dict)
+    trained = trained_under(bundle, getattr(read_manifest(bundle), "protocol", None), protocol)
     if trained.get("refit"):
         raise TemporalError(f"{bundle}'s retriever was refitted on everything before the test cut: the two-stage "
                             "path selects its ranker on the validation window, which that retriever learnt from; "
